@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:  # a feature module not installed/built yet
-            if exc.name == name:
+            if exc.name and name.startswith(exc.name):
                 continue
             raise
         module.register(sub)
