@@ -1,0 +1,41 @@
+"""Distillation objectives of TinyBERT, MiniLM (v1 + v2 relation heads), MobileBERT and DistilBERT.
+
+Pure tensor functions: lists of tensors over mapped layers (or single tensors) in, scalar out.
+``attention_mask`` is (B, T) of 1/0. Teacher inputs are detached inside every objective.
+"""
+
+from .distilbert import cosine_loss, mlm_loss, soft_target_loss
+from .minilm import attention_kl, relation_kl, split_relation_heads, value_relation_kl
+from .mobilebert import attention_transfer_loss, feature_map_loss, pretraining_distillation_loss
+from .tinybert import (
+    HiddenProjection,
+    attention_loss,
+    embedding_loss,
+    hidden_loss,
+    prediction_loss,
+    regression_prediction_loss,
+)
+from .weights import OBJECTIVES, RECIPES, ObjectiveConfigError, ObjectiveWeights
+
+__all__ = [
+    "HiddenProjection",
+    "OBJECTIVES",
+    "ObjectiveConfigError",
+    "ObjectiveWeights",
+    "RECIPES",
+    "attention_kl",
+    "attention_loss",
+    "attention_transfer_loss",
+    "cosine_loss",
+    "embedding_loss",
+    "feature_map_loss",
+    "hidden_loss",
+    "mlm_loss",
+    "prediction_loss",
+    "pretraining_distillation_loss",
+    "regression_prediction_loss",
+    "relation_kl",
+    "soft_target_loss",
+    "split_relation_heads",
+    "value_relation_kl",
+]

@@ -1,0 +1,221 @@
+"""TinyBERT objectives (Jiao et al., 2020, "TinyBERT: Distilling BERT for Natural Language Understanding").
+
+Equations (paper numbering):
+
+* eq. 7  attention:  L_attn = 1/h sum_i MSE(A_i^S, A_i^T), A = QK^T / sqrt(d_k) (pre-softmax scores)
+* eq. 8  hidden:     L_hidn = MSE(H^S W_h, H^T)
+* eq. 9  embedding:  L_embd = MSE(E^S W_e, E^T)
+* eq. 10 prediction: L_pred = CE(z^T / t, z^S / t) = -sum_c softmax(z^T/t)_c log softmax(z^S/t)_c
+
+Defaults follow the official code where it only changes bookkeeping (see each docstring), and
+the paper where the official code changes the result; both are selectable.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Literal, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ._common import TensorOrList, as_pairs, check_heads, per_sequence_mean, token_mask
+
+#: Additive padding mask value of the official code, and the threshold below which scores are zeroed.
+OFFICIAL_MASK_VALUE = -10000.0
+OFFICIAL_ZERO_THRESHOLD = -100.0
+
+
+def _official_masked_scores(scores: Tensor, key_valid: Tensor) -> Tensor:
+    masked = scores + (~key_valid).to(scores.dtype) * OFFICIAL_MASK_VALUE
+    return torch.where(masked <= OFFICIAL_ZERO_THRESHOLD, torch.zeros((), dtype=scores.dtype, device=scores.device), masked)
+
+
+def attention_loss(
+    student_scores: TensorOrList,
+    teacher_scores: TensorOrList,
+    attention_mask: Tensor | None,
+    *,
+    official_masking: bool = True,
+) -> Tensor:
+    """TinyBERT attention loss, eq. 7, summed over the mapped layers.
+
+    Inputs are lists over mapped layers of pre-softmax scores ``QK^T/sqrt(d_head)`` of shape
+    (B, H, T, T) WITHOUT the padding mask (as returned by ``distillery.capture``); student and
+    teacher must have the same number of heads (ValueError otherwise).
+
+    ``official_masking=True`` (default) reproduces the official code exactly: add the additive mask
+    (-10000 on padded keys) to both score tensors, then replace every entry <= -100 by 0 in both, so
+    padded keys contribute 0 (and so does any genuine score <= -100); the MSE is the mean over batch,
+    heads, query and key positions (padded query rows included), and the per-layer losses are
+    SUMMED over mapped layers.  Because padded entries are 0 for both models, this is the paper's
+    MSE diluted by the padding fraction of the batch.
+
+    ``official_masking=False`` is the paper's intent on padded batches: per sequence, the MSE over
+    valid (query, key) pairs only, averaged over heads, then averaged over the batch; summed over layers.
+    """
+    pairs = as_pairs(student_scores, teacher_scores, "attention_loss")
+    total = None
+    for i, (s, t) in enumerate(pairs):
+        check_heads(s, t, "attention_loss", i)
+        if s.shape[-1] != t.shape[-1] or s.shape[-1] != s.shape[-2]:
+            raise ValueError(f"attention_loss: pair {i}: scores must be (B,H,T,T), got {tuple(s.shape)} / {tuple(t.shape)}")
+        b, _, n, _ = s.shape
+        valid = token_mask(attention_mask, b, n, s.device, "attention_loss")
+        t = t.to(s.dtype)
+        if official_masking:
+            key_valid = valid[:, None, None, :]
+            loss = F.mse_loss(_official_masked_scores(s, key_valid), _official_masked_scores(t, key_valid))
+        else:
+            pair_valid = valid[:, None, :, None] & valid[:, None, None, :]
+            loss = per_sequence_mean((s - t) ** 2, pair_valid)
+        total = loss if total is None else total + loss
+    return total
+
+
+class HiddenProjection(nn.Module):
+    """Learnable W_h / W_e of eqs. 8-9 mapping student width to teacher width.
+
+    ``shared=True`` (default, as the official ``fit_dense``): one ``Linear(d_student, d_teacher)`` used
+    for every mapped state, the embedding output included.  ``shared=False``: one Linear per mapped
+    state (``n_states`` of them, index 0 = embedding state).  Call as ``proj(x, index)``.
+    These are distillation-only parameters: save them beside the student, never inside it.
+    """
+
+    def __init__(self, d_student: int, d_teacher: int, n_states: int = 1, shared: bool = True) -> None:
+        super().__init__()
+        if d_student <= 0 or d_teacher <= 0:
+            raise ValueError(f"HiddenProjection: widths must be positive, got d_student={d_student}, d_teacher={d_teacher}")
+        if not shared and n_states <= 0:
+            raise ValueError(f"HiddenProjection: per-layer projections need n_states >= 1, got {n_states}")
+        self.d_student, self.d_teacher, self.shared = d_student, d_teacher, shared
+        self.n_states = 1 if shared else n_states
+        self.layers = nn.ModuleList(nn.Linear(d_student, d_teacher) for _ in range(self.n_states))
+
+    def forward(self, x: Tensor, index: int = 0) -> Tensor:
+        if self.shared:
+            return self.layers[0](x)
+        if not 0 <= index < self.n_states:
+            raise IndexError(f"HiddenProjection: state index {index} out of range for {self.n_states} per-layer projections")
+        return self.layers[index](x)
+
+    def extra_repr(self) -> str:
+        return f"d_student={self.d_student}, d_teacher={self.d_teacher}, shared={self.shared}, n_states={self.n_states}"
+
+
+Projection = Callable[[Tensor, int], Tensor]
+
+
+def _project(x: Tensor, target: Tensor, projection: Projection | None, index: int, what: str) -> Tensor:
+    y = x if projection is None else projection(x, index)
+    if y.shape != target.shape:
+        raise ValueError(
+            f"{what}: state {index}: projected student shape {tuple(y.shape)} != teacher shape {tuple(target.shape)}"
+            + (" (pass a HiddenProjection when widths differ)" if projection is None else "")
+        )
+    return y
+
+
+def hidden_loss(
+    student_states: TensorOrList,
+    teacher_states: TensorOrList,
+    projection: Projection | None,
+    *,
+    indices: Sequence[int] | None = None,
+    attention_mask: Tensor | None = None,
+) -> Tensor:
+    """TinyBERT hidden-state loss, eq. 8 (and eq. 9 for state 0), summed over mapped states.
+
+    ``MSE(proj(H^S_m, m), H^T_{g(m)})`` with mean over batch, positions and features (padded
+    positions included, as in the paper and the official code), summed over the list.  ``indices``
+    gives the projection index of each list entry (default 0..n-1; pass e.g. 1..M when the embedding
+    state is handled by ``embedding_loss``).  ``projection=None`` means identity (equal widths).
+    With ``attention_mask`` the mean is per sequence over valid tokens only (not the default).
+    """
+    pairs = as_pairs(student_states, teacher_states, "hidden_loss")
+    idx = list(range(len(pairs))) if indices is None else list(indices)
+    if len(idx) != len(pairs):
+        raise ValueError(f"hidden_loss: {len(idx)} indices for {len(pairs)} state pairs")
+    total = None
+    for k, (s, t) in zip(idx, pairs):
+        y = _project(s, t, projection, k, "hidden_loss")
+        t = t.to(y.dtype)
+        if attention_mask is None:
+            loss = F.mse_loss(y, t)
+        else:
+            valid = token_mask(attention_mask, y.shape[0], y.shape[1], y.device, "hidden_loss")
+            loss = per_sequence_mean((y - t) ** 2, valid[:, :, None])
+        total = loss if total is None else total + loss
+    return total
+
+
+def embedding_loss(s_emb: Tensor, t_emb: Tensor, projection: Projection | None, *, index: int = 0) -> Tensor:
+    """TinyBERT embedding loss, eq. 9: ``MSE(E^S W_e, E^T)`` (mean over batch, positions, features).
+
+    The official code computes it as the index-0 term of the hidden loss with the shared projection;
+    this function is that term alone (projection index ``index``, 0 by default).
+    """
+    return hidden_loss([s_emb], [t_emb], projection, indices=[index])
+
+
+def prediction_loss(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    temperature: float = 1.0,
+    *,
+    reduction: Literal["paper", "official"] = "paper",
+    scale_by_t2: bool = False,
+) -> Tensor:
+    """TinyBERT prediction loss, eq. 10: soft cross-entropy ``-sum_c softmax(z^T/t)_c log softmax(z^S/t)_c``.
+
+    ``reduction="paper"``: sum over classes, mean over the batch (the usual CE).
+    ``reduction="official"``: mean over batch AND classes, as the official code (1/C of the paper's
+    value; same optimum, gradients scaled by 1/C).
+    No T^2 factor by default (neither the paper nor the official code has one; T = 1 there);
+    ``scale_by_t2=True`` multiplies by t^2 (Hinton et al.) to keep gradient scale when t != 1.
+    Logits may be (B, C) or (..., C); the class axis is last.
+    """
+    if temperature <= 0:
+        raise ValueError(f"prediction_loss: temperature must be > 0, got {temperature}")
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError(
+            f"prediction_loss: student logits {tuple(student_logits.shape)} != teacher logits {tuple(teacher_logits.shape)}"
+        )
+    t = teacher_logits.detach().to(student_logits.dtype)
+    ce = -(F.softmax(t / temperature, dim=-1) * F.log_softmax(student_logits / temperature, dim=-1))
+    if reduction == "paper":
+        loss = ce.sum(-1).mean()
+    elif reduction == "official":
+        loss = ce.mean()
+    else:
+        raise ValueError(f"prediction_loss: unknown reduction {reduction!r}; expected 'paper' or 'official'")
+    return loss * temperature**2 if scale_by_t2 else loss
+
+
+def regression_prediction_loss(
+    student_pred: Tensor,
+    teacher_pred: Tensor | None = None,
+    gold: Tensor | None = None,
+    *,
+    target: Literal["teacher", "gold"] = "teacher",
+) -> Tensor:
+    """Prediction-layer loss for regression tasks (STS-B): ``MSE(y^S, y^T)`` or ``MSE(y^S, y_gold)``.
+
+    ``target="teacher"`` (default) distils the teacher's prediction, the paper's prediction-layer
+    distillation applied to a regression head.  ``target="gold"`` is the official code's behaviour
+    (the teacher is ignored at this stage).  Predictions of shape (B, 1) are squeezed to (B,).
+    """
+    if target == "teacher":
+        ref, name = teacher_pred, "teacher_pred"
+    elif target == "gold":
+        ref, name = gold, "gold"
+    else:
+        raise ValueError(f"regression_prediction_loss: unknown target {target!r}; expected 'teacher' or 'gold'")
+    if ref is None:
+        raise ValueError(f"regression_prediction_loss: target={target!r} needs {name}")
+    s = student_pred.squeeze(-1) if student_pred.dim() > 1 and student_pred.shape[-1] == 1 else student_pred
+    r = ref.detach()
+    r = r.squeeze(-1) if r.dim() > 1 and r.shape[-1] == 1 else r
+    if s.shape != r.shape:
+        raise ValueError(f"regression_prediction_loss: student {tuple(s.shape)} != {name} {tuple(r.shape)}")
+    return F.mse_loss(s, r.to(s.dtype))
