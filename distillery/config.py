@@ -1,0 +1,253 @@
+"""Typed pipeline configuration: `params.yaml` validated before any work.
+
+One section per pipeline stage. Unknown keys, wrong types and impossible values stop the run with a
+message naming the file and the dotted key (e.g. ``params.yaml: task_distillation.prediction.lrs: ...``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A params file that cannot be used; the message names the file and the key."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Shape(Section):
+    """A student or teacher shape: a preset name, or explicit numbers."""
+
+    preset: str | None = None
+    layers: int | None = Field(None, ge=1)
+    hidden: int | None = Field(None, ge=1)
+    heads: int | None = Field(None, ge=1)
+    intermediate: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _preset_or_numbers(self) -> "Shape":
+        numbers = [self.layers, self.hidden, self.heads, self.intermediate]
+        if self.preset is None and any(n is None for n in numbers):
+            raise ValueError("give either `preset` or all of layers, hidden, heads, intermediate")
+        if self.preset is None and self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+        return self
+
+    def as_spec(self) -> str | dict[str, int]:
+        if self.preset is not None:
+            return self.preset
+        return {"layers": self.layers, "hidden": self.hidden, "heads": self.heads, "intermediate": self.intermediate}
+
+
+class TrainSection(Section):
+    epochs: float = Field(1.0, gt=0)
+    lr: float = Field(5e-5, gt=0, lt=1)
+    batch_size: int = Field(32, ge=1)
+    warmup_ratio: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.01, ge=0)
+    max_steps: int = Field(-1, ge=-1)
+
+
+class DataSection(Section):
+    source: Literal["demo", "local", "hub"] = "demo"
+    tasks: list[str] = Field(default_factory=lambda: ["demo"], min_length=1)
+    glue_dir: str | None = None
+    max_train_examples: int | None = Field(None, ge=1)
+    max_eval_examples: int | None = Field(None, ge=1)
+    max_length: int = Field(64, ge=8, le=512)
+    demo_train: int = Field(2000, ge=10)
+    demo_dev: int = Field(400, ge=10)
+    demo_test: int = Field(400, ge=10)
+
+    @model_validator(mode="after")
+    def _dir_for_local(self) -> "DataSection":
+        if self.source == "local" and not self.glue_dir:
+            raise ValueError("source 'local' needs `glue_dir`")
+        return self
+
+
+class CorpusSection(Section):
+    source: Literal["demo", "files"] = "demo"
+    paths: list[str] = Field(default_factory=list)
+    max_sentences: int | None = Field(None, ge=1)
+    demo_documents: int = Field(400, ge=1)
+
+    @model_validator(mode="after")
+    def _paths_for_files(self) -> "CorpusSection":
+        if self.source == "files" and not self.paths:
+            raise ValueError("source 'files' needs at least one entry in `paths`")
+        return self
+
+
+class TeacherSection(Section):
+    # "scratch": a fresh model of `shape` (demo); otherwise a local directory or Hub name.
+    init: Literal["scratch", "pretrained"] = "scratch"
+    name_or_path: str | None = None
+    shape: Shape | None = None
+    tokenizer: str | None = None  # defaults to the teacher's own; "demo" trains a WordPiece vocab on the corpus
+    vocab_size: int = Field(4000, ge=100)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TeacherSection":
+        if self.init == "scratch" and self.shape is None:
+            raise ValueError("init 'scratch' needs `shape`")
+        if self.init == "pretrained" and not self.name_or_path:
+            raise ValueError("init 'pretrained' needs `name_or_path`")
+        return self
+
+
+class PretrainSection(TrainSection):
+    enabled: bool = True
+    max_length: int = Field(64, ge=8, le=512)
+    mlm_probability: float = Field(0.15, gt=0, lt=1)
+
+
+class FinetuneSection(TrainSection):
+    pass
+
+
+class WordVectorsSection(Section):
+    # "corpus": learn vectors from the prepared corpus (offline demo); "file": a GloVe/word2vec text file.
+    source: Literal["corpus", "file"] = "corpus"
+    path: str | None = None
+    dim: int = Field(50, ge=2)
+    max_words: int = Field(100_000, ge=1)
+
+    @model_validator(mode="after")
+    def _path_for_file(self) -> "WordVectorsSection":
+        if self.source == "file" and not self.path:
+            raise ValueError("source 'file' needs `path`")
+        return self
+
+
+class AugmentSection(Section):
+    enabled: bool = True
+    mlm: str = "teacher"  # "teacher" = the pre-training stage's MLM, or any MLM directory / Hub name
+    n_aug: int | None = Field(None, ge=1)  # None: the official per-task default
+    k: int = Field(15, ge=1)
+    p_t: float = Field(0.4, ge=0, le=1)
+    fast: bool = False
+    max_examples: int | None = Field(None, ge=1)
+    batch_size: int = Field(64, ge=1)
+
+
+class StudentSection(Section):
+    shape: Shape
+    layer_map: Literal["uniform", "top", "bottom", "last"] = "uniform"
+
+
+class GeneralDistillationSection(TrainSection):
+    enabled: bool = True
+    max_length: int = Field(64, ge=8, le=512)
+    objectives: dict[str, float] = Field(default_factory=lambda: {"attention": 1.0, "hidden": 1.0, "embedding": 1.0})
+
+
+class IntermediateSection(TrainSection):
+    objectives: dict[str, float] = Field(default_factory=lambda: {"attention": 1.0, "hidden": 1.0, "embedding": 1.0})
+
+
+class PredictionSection(Section):
+    lrs: list[float] = Field(default_factory=lambda: [1e-5, 2e-5, 3e-5], min_length=1)
+    batch_sizes: list[int] = Field(default_factory=lambda: [16, 32], min_length=1)
+    epochs: float = Field(3.0, gt=0)
+    temperature: float = Field(1.0, gt=0)
+    warmup_ratio: float = Field(0.1, ge=0, lt=1)
+    cache_teacher_logits: bool = True
+    regression_target: Literal["teacher", "gold"] = "teacher"
+
+    @field_validator("lrs")
+    @classmethod
+    def _positive_lrs(cls, v: list[float]) -> list[float]:
+        if any(lr <= 0 or lr >= 1 for lr in v):
+            raise ValueError("every learning rate must be in (0, 1)")
+        return v
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _positive_batches(cls, v: list[int]) -> list[int]:
+        if any(b < 1 for b in v):
+            raise ValueError("every batch size must be >= 1")
+        return v
+
+
+class TaskDistillationSection(Section):
+    intermediate: IntermediateSection = IntermediateSection()
+    prediction: PredictionSection = PredictionSection()
+
+
+class EvaluationSection(Section):
+    latency: bool = True
+    latency_batch_sizes: list[int] = Field(default_factory=lambda: [1, 32])
+    latency_seq_len: int = Field(128, ge=8, le=512)
+    export_onnx: bool = True
+    quantize: bool = True
+
+
+class RegistrySection(Section):
+    enabled: bool = True
+
+
+class Params(Section):
+    seed: int = 42
+    data: DataSection = DataSection()
+    corpus: CorpusSection = CorpusSection()
+    teacher: TeacherSection
+    pretrain: PretrainSection = PretrainSection()
+    finetune: FinetuneSection = FinetuneSection()
+    word_vectors: WordVectorsSection = WordVectorsSection()
+    augment: AugmentSection = AugmentSection()
+    students: dict[str, StudentSection] = Field(min_length=1)
+    general_distillation: GeneralDistillationSection = GeneralDistillationSection()
+    task_distillation: TaskDistillationSection = TaskDistillationSection()
+    evaluation: EvaluationSection = EvaluationSection()
+    registry: RegistrySection = RegistrySection()
+
+    @field_validator("students")
+    @classmethod
+    def _student_names(cls, v: dict[str, StudentSection]) -> dict[str, StudentSection]:
+        for name in v:
+            if not name.replace("-", "").replace("_", "").isalnum():
+                raise ValueError(f"student name {name!r} must be letters, digits, '-' or '_'")
+        return v
+
+    def section(self, name: str) -> dict[str, Any]:
+        """A section as plain data (what a stage's cache key hashes)."""
+        return getattr(self, name).model_dump(mode="json") if hasattr(getattr(self, name), "model_dump") else getattr(self, name)
+
+
+def _format_error(path: str, exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"{path}: {key or '<top>'}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_params(data: dict[str, Any], path: str = "params.yaml") -> Params:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    try:
+        return Params.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(path, exc)) from None
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    """Read and validate a params file; raise ConfigError naming the file and key on any problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: params file not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return parse_params(data, str(path))

@@ -1,0 +1,169 @@
+"""The general corpus: raw text -> one sentence per line, blank line between documents.
+
+This is the input format of TinyBERT's general distillation (and BERT's pre-training data). Sentence
+splitting uses NLTK's Punkt *trained on the corpus itself* (unsupervised), so no downloaded NLTK data is
+needed. Raw files may carry a UTF-8 BOM, CRLF line ends, Project Gutenberg headers/footers and
+WikiText headings; all are handled.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+from nltk.tokenize.punkt import PunktSentenceTokenizer, PunktTrainer
+
+from distillery.io import atomic_path
+
+_GUTENBERG_START = re.compile(r"^\*\*\*\s*START OF (THE|THIS) PROJECT GUTENBERG", re.I)
+_GUTENBERG_END = re.compile(r"^\*\*\*\s*END OF (THE|THIS) PROJECT GUTENBERG", re.I)
+_WIKI_HEADING = re.compile(r"^\s*=+ .* =+\s*$")
+
+
+def read_documents(path: str | Path) -> Iterator[str]:
+    """Yield paragraphs ("documents") of a raw text file, whitespace-normalised."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"corpus file not found: {path}")
+    lines = path.read_text(encoding="utf-8-sig", errors="replace").replace("\r\n", "\n").split("\n")
+    start = next((i + 1 for i, l in enumerate(lines) if _GUTENBERG_START.match(l)), 0)
+    end = next((i for i, l in enumerate(lines) if _GUTENBERG_END.match(l)), len(lines))
+    paragraph: list[str] = []
+    for line in lines[start:end]:
+        if not line.strip() or _WIKI_HEADING.match(line):
+            if paragraph:
+                yield " ".join(paragraph)
+                paragraph = []
+            continue
+        paragraph.append(line.strip())
+    if paragraph:
+        yield " ".join(paragraph)
+
+
+def sentence_splitter(sample: str) -> PunktSentenceTokenizer:
+    """A Punkt splitter trained (unsupervised) on `sample`; needs no NLTK data download."""
+    trainer = PunktTrainer()
+    trainer.INCLUDE_ALL_COLLOCS = True
+    trainer.train(sample, finalize=True)
+    return PunktSentenceTokenizer(trainer.get_params())
+
+
+def prepare_corpus(
+    paths: Iterable[str | Path], out_path: str | Path, *, max_sentences: int | None = None,
+    min_words: int = 3, train_chars: int = 2_000_000,
+) -> dict[str, int]:
+    """Write one sentence per line, a blank line between documents; returns counts."""
+    documents = [d for p in paths for d in read_documents(p)]
+    if not documents:
+        raise ValueError(f"no text found in corpus files: {list(map(str, paths))}")
+    sample = "\n\n".join(documents)[:train_chars]
+    splitter = sentence_splitter(sample)
+    n_sent = n_doc = 0
+    with atomic_path(out_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for doc in documents:
+            sentences = [s.strip() for s in splitter.tokenize(doc) if len(s.split()) >= min_words]
+            if max_sentences is not None:
+                sentences = sentences[: max_sentences - n_sent]
+            if not sentences:
+                continue
+            f.write("\n".join(sentences) + "\n\n")
+            n_sent += len(sentences)
+            n_doc += 1
+            if max_sentences is not None and n_sent >= max_sentences:
+                break
+    return {"documents": n_doc, "sentences": n_sent}
+
+
+def read_sentences(path: str | Path) -> list[list[str]]:
+    """Documents (lists of sentences) of a prepared corpus file."""
+    docs: list[list[str]] = [[]]
+    for line in Path(path).read_text(encoding="utf-8").split("\n"):
+        if line.strip():
+            docs[-1].append(line.strip())
+        elif docs[-1]:
+            docs.append([])
+    return [d for d in docs if d]
+
+
+def pack_sequences(documents: list[list[str]], tokenizer, max_length: int) -> list[str]:
+    """Greedily pack consecutive sentences of a document into texts of at most `max_length` pieces."""
+    budget = max_length - 2  # [CLS] ... [SEP]
+    texts: list[str] = []
+    for doc in documents:
+        lengths = [len(ids) for ids in tokenizer(doc, add_special_tokens=False)["input_ids"]]
+        current, used = [], 0
+        for sentence, n in zip(doc, lengths):
+            if current and used + n > budget:
+                texts.append(" ".join(current))
+                current, used = [], 0
+            current.append(sentence)
+            used += n
+        if current:
+            texts.append(" ".join(current))
+    return texts
+
+
+def learn_word_vectors(
+    corpus_path: str | Path, out_path: str | Path, *, dim: int = 50, max_words: int = 20_000, window: int = 2,
+) -> dict[str, int]:
+    """Word vectors from a prepared corpus (PPMI of window co-occurrences + truncated SVD), written in
+    the GloVe text format. This is the offline stand-in for a downloaded GloVe file: same format, same
+    use (nearest neighbours of multi-piece words in augmentation)."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.linalg import svds
+
+    word_re = re.compile(r"[a-z]+")
+    sentences = [word_re.findall(s.lower()) for doc in read_sentences(corpus_path) for s in doc]
+    counts = Counter(w for s in sentences for w in s)
+    vocab = [w for w, _ in counts.most_common(max_words)]
+    index = {w: i for i, w in enumerate(vocab)}
+    pairs: Counter = Counter()
+    for s in sentences:
+        ids = [index[w] for w in s if w in index]
+        for i, a in enumerate(ids):
+            for b in ids[max(0, i - window) : i]:
+                pairs[(a, b)] += 1
+                pairs[(b, a)] += 1
+    rows, cols = zip(*pairs) if pairs else ((), ())
+    vals = np.fromiter(pairs.values(), dtype=np.float64, count=len(pairs))
+    n = len(vocab)
+    m = coo_matrix((vals, (rows, cols)), shape=(n, n)).tocsr()
+    total = m.sum()
+    row_sum = np.asarray(m.sum(axis=1)).ravel()
+    col_sum = np.asarray(m.sum(axis=0)).ravel() ** 0.75  # context-distribution smoothing
+    col_sum = col_sum / col_sum.sum() * total
+    m = m.tocoo()
+    pmi = np.log(m.data * total / (row_sum[m.row] * col_sum[m.col]))
+    ppmi = coo_matrix((np.maximum(pmi, 0), (m.row, m.col)), shape=(n, n)).tocsr()
+    k = min(dim, n - 2)
+    u, s, _ = svds(ppmi, k=k)
+    vectors = u * np.sqrt(s)
+    if k < dim:
+        vectors = np.pad(vectors, ((0, 0), (0, dim - k)))
+    with atomic_path(out_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for w, v in zip(vocab, vectors):
+            f.write(w + " " + " ".join(f"{x:.6f}" for x in v) + "\n")
+    return {"words": n, "dim": dim}
+
+
+def train_wordpiece(corpus_path: str | Path, out_dir: str | Path, *, vocab_size: int) -> Path:
+    """Train an uncased WordPiece vocabulary on a corpus and save a BERT tokenizer (save_pretrained)."""
+    import tempfile
+
+    from tokenizers import BertWordPieceTokenizer
+    from transformers import BertTokenizerFast
+
+    from distillery.io import atomic_dir
+
+    wp = BertWordPieceTokenizer(lowercase=True, strip_accents=True)
+    wp.train([str(corpus_path)], vocab_size=vocab_size, min_frequency=1, show_progress=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        wp.save_model(tmp)
+        # transformers 5: `vocab=` (a `vocab_file=` keyword is silently ignored)
+        tokenizer = BertTokenizerFast(vocab=str(Path(tmp) / "vocab.txt"), do_lower_case=True)
+    with atomic_dir(out_dir) as tmp_dir:
+        tokenizer.save_pretrained(tmp_dir)
+    return Path(out_dir)
