@@ -1,0 +1,223 @@
+"""Capture the internals that the distillation objectives fit, for the mapped layers only.
+
+What is captured (notation of TinyBERT, Jiao et al., 2020, eqs. 3-9, and MiniLM, Wang et al., 2020):
+
+* hidden states H_m (TinyBERT eq. 8; state 0 = embedding output E, eq. 9);
+* pre-softmax attention scores A = Q K^T / sqrt(d_k) (TinyBERT eq. 7 fits these), *without* the
+  padding mask added (the objectives decide how padding is treated);
+* attention distributions softmax(A + mask) over keys, padded keys masked, before dropout
+  (MiniLM eq. 2 / MobileBERT attention transfer);
+* per-head queries, keys and values (MiniLM value relation, eq. 3; MiniLM v2 relations).
+
+How: forward hooks on the query/key/value ``nn.Linear`` modules of the requested layers keep
+their outputs (no recomputation), and a forward hook on the layer's self-attention module builds
+scores/probs from them with the very attention mask that module received. Hidden states come from
+forward hooks on the embedding module and the requested transformer layers. The model keeps its own
+attention implementation (SDPA stays SDPA for every layer); nothing is detached, so gradients flow
+through the captured tensors of a student.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["Captured", "capture", "CaptureError", "model_parts"]
+
+
+class CaptureError(ValueError):
+    """The model's structure is not supported, or a requested layer does not exist."""
+
+
+@dataclass
+class Captured:
+    """Tensors captured during one forward pass (keys are layer / state indices).
+
+    hidden: state index -> (B, T, D); 0 = embedding output, i = output of layer i (1-based).
+    scores: 0-based layer -> (B, H, T, T) pre-softmax Q K^T / sqrt(d_head), no mask added.
+    probs: 0-based layer -> (B, H, T, T) softmax over keys with padded keys masked (pre-dropout).
+    values / queries / keys: 0-based layer -> (B, H, T, d_head).
+    """
+
+    hidden: dict[int, Tensor] = field(default_factory=dict)
+    scores: dict[int, Tensor] = field(default_factory=dict)
+    probs: dict[int, Tensor] = field(default_factory=dict)
+    values: dict[int, Tensor] = field(default_factory=dict)
+    queries: dict[int, Tensor] = field(default_factory=dict)
+    keys: dict[int, Tensor] = field(default_factory=dict)
+
+    def clear(self) -> None:
+        for d in (self.hidden, self.scores, self.probs, self.values, self.queries, self.keys):
+            d.clear()
+
+
+@dataclass
+class _Parts:
+    embeddings: nn.Module
+    layers: list[nn.Module]
+    self_attention: list[nn.Module]
+    qkv_names: tuple[str, str, str]
+
+
+def model_parts(model: nn.Module) -> _Parts:
+    """Locate embeddings, transformer layers and self-attention modules of BERT / DistilBERT /
+    MobileBERT base models or their ``*For*`` heads."""
+    base = getattr(model, "base_model", model)
+    embeddings = getattr(base, "embeddings", None)
+    container = getattr(base, "encoder", None) or getattr(base, "transformer", None)
+    layers = getattr(container, "layer", None) if container is not None else None
+    if embeddings is None or layers is None:
+        raise CaptureError(
+            f"capture: unsupported model {type(model).__name__}: expected BERT, DistilBERT or MobileBERT "
+            "(embeddings + encoder.layer / transformer.layer)"
+        )
+    attn: list[nn.Module] = []
+    names: tuple[str, str, str] | None = None
+    for i, layer in enumerate(layers):
+        a = getattr(layer, "attention", None)
+        a = getattr(a, "self", a)
+        for cand in (("query", "key", "value"), ("q_lin", "k_lin", "v_lin")):
+            if a is not None and all(isinstance(getattr(a, n, None), nn.Linear) for n in cand):
+                names = cand
+                break
+        else:
+            raise CaptureError(f"capture: layer {i} of {type(model).__name__} has no query/key/value projections")
+        attn.append(a)
+    assert names is not None
+    return _Parts(embeddings=embeddings, layers=list(layers), self_attention=attn, qkv_names=names)
+
+
+def _heads(x: Tensor, head_size: int) -> Tensor:
+    """(B, T, H*d) -> (B, H, T, d)."""
+    b, t, _ = x.shape
+    return x.view(b, t, -1, head_size).transpose(1, 2)
+
+
+def _apply_mask(scores: Tensor, mask: Tensor | None) -> Tensor:
+    """Add the module's attention mask to the scores, whatever form the attention backend uses."""
+    if mask is None:
+        return scores
+    if mask.dtype == torch.bool:  # SDPA-style: True = attend
+        return scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    return scores + mask.to(scores.dtype)  # eager-style additive mask (0 / dtype minimum)
+
+
+def _as_tensor(output: Any) -> Tensor:
+    if isinstance(output, Tensor):
+        return output
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
+        return output[0]
+    raise CaptureError(f"capture: cannot read a hidden state from a {type(output).__name__} output")
+
+
+def _indices(name: str, values: Iterable[int], limit: int) -> tuple[int, ...]:
+    out = tuple(sorted(set(int(v) for v in values)))
+    for v in out:
+        if not 0 <= v < limit:
+            raise CaptureError(f"capture: {name} index {v} out of range 0..{limit - 1}")
+    return out
+
+
+@contextmanager
+def capture(
+    model: nn.Module,
+    *,
+    hidden: Iterable[int] = (),
+    scores: Iterable[int] = (),
+    probs: Iterable[int] = (),
+    values: Iterable[int] = (),
+    queries: Iterable[int] = (),
+    keys: Iterable[int] = (),
+) -> Iterator[Captured]:
+    """Within the block, every forward of ``model`` fills the yielded :class:`Captured`.
+
+    Each forward overwrites the previous one's entries. Only the listed layers are hooked; the
+    model's attention implementation is untouched. Hooks are removed on exit.
+    """
+    parts = model_parts(model)
+    n = len(parts.layers)
+    hidden_idx = _indices("hidden state", hidden, n + 1)
+    score_idx = _indices("scores layer", scores, n)
+    prob_idx = _indices("probs layer", probs, n)
+    value_idx = _indices("values layer", values, n)
+    query_idx = _indices("queries layer", queries, n)
+    key_idx = _indices("keys layer", keys, n)
+    out = Captured()
+    handles: list[Any] = []
+
+    def keep_hidden(index: int):
+        def hook(_module: nn.Module, _args: Any, output: Any) -> None:
+            out.hidden[index] = _as_tensor(output)
+
+        return hook
+
+    try:
+        for i in hidden_idx:
+            module = parts.embeddings if i == 0 else parts.layers[i - 1]
+            handles.append(module.register_forward_hook(keep_hidden(i)))
+
+        attn_layers = sorted(set(score_idx) | set(prob_idx) | set(value_idx) | set(query_idx) | set(key_idx))
+        for i in attn_layers:
+            attn = parts.self_attention[i]
+            head_size = int(attn.attention_head_size)
+            scale = float(getattr(attn, "scaling", 1.0 / math.sqrt(head_size)))
+            need_q = i in score_idx or i in prob_idx or i in query_idx
+            need_k = need_q or i in key_idx
+            need_v = i in value_idx
+            store: dict[str, Tensor] = {}
+
+            def keep_linear(slot: str, store: dict[str, Tensor] = store):
+                def hook(_module: nn.Module, _args: Any, output: Tensor) -> None:
+                    store[slot] = output
+
+                return hook
+
+            q_name, k_name, v_name = parts.qkv_names
+            if need_q:
+                handles.append(getattr(attn, q_name).register_forward_hook(keep_linear("q")))
+            if need_k:
+                handles.append(getattr(attn, k_name).register_forward_hook(keep_linear("k")))
+            if need_v:
+                handles.append(getattr(attn, v_name).register_forward_hook(keep_linear("v")))
+            signature = inspect.signature(attn.forward)
+
+            def on_attention(
+                module: nn.Module,
+                args: tuple,
+                kwargs: dict,
+                _output: Any,
+                i: int = i,
+                store: dict[str, Tensor] = store,
+                head_size: int = head_size,
+                scale: float = scale,
+                signature: inspect.Signature = signature,
+            ) -> None:
+                q = _heads(store.pop("q"), head_size) if "q" in store else None
+                k = _heads(store.pop("k"), head_size) if "k" in store else None
+                v = _heads(store.pop("v"), head_size) if "v" in store else None
+                if i in query_idx:
+                    out.queries[i] = q
+                if i in key_idx:
+                    out.keys[i] = k
+                if i in value_idx:
+                    out.values[i] = v
+                if i in score_idx or i in prob_idx:
+                    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+                    if i in score_idx:
+                        out.scores[i] = s
+                    if i in prob_idx:
+                        bound = signature.bind_partial(*args, **kwargs).arguments
+                        mask = bound.get("attention_mask")
+                        out.probs[i] = torch.softmax(_apply_mask(s, mask), dim=-1)
+
+            handles.append(attn.register_forward_hook(on_attention, with_kwargs=True))
+        yield out
+    finally:
+        for h in handles:
+            h.remove()
