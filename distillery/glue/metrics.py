@@ -1,0 +1,115 @@
+"""GLUE metrics (Wang et al., 2019, Table 1) with scikit-learn / scipy, and the model-selection score.
+
+accuracy = mean(pred == gold); f1 = binary F1 with positive label 1 (MRPC, QQP);
+mcc = Matthews correlation (CoLA); pearson / spearman = correlation of predicted and gold scores (STS-B).
+
+`main_score` is the single number used to select checkpoints on dev:
+CoLA mcc; STS-B (pearson + spearman) / 2; MRPC and QQP (f1 + accuracy) / 2, or accuracy alone with
+selection="accuracy" (the official TinyBERT code's choice); every other task accuracy. MNLI selects on
+matched dev: call `main_score(get_task(t).selection_task, dev_metrics_of_that_task)`.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Literal, Mapping
+
+import numpy as np
+from scipy import stats
+from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
+from distillery.glue.tasks import TaskSpec, get_task
+
+Selection = Literal["default", "accuracy"]
+
+
+def _as_predictions(spec: TaskSpec, predictions) -> np.ndarray:
+    p = np.asarray(predictions)
+    if spec.is_regression:
+        if p.ndim == 2 and p.shape[1] == 1:
+            p = p[:, 0]
+        if p.ndim != 1:
+            raise ValueError(f"{spec.name}: regression predictions must be (N,) or (N, 1), got {p.shape}")
+        return p.astype(np.float64)
+    if p.ndim == 2:  # logits -> class ids
+        if p.shape[1] != spec.num_labels:
+            raise ValueError(f"{spec.name}: logits have {p.shape[1]} classes, task has {spec.num_labels}")
+        p = p.argmax(axis=-1)
+    if p.ndim != 1:
+        raise ValueError(f"{spec.name}: predictions must be class ids (N,) or logits (N, C), got {p.shape}")
+    return p.astype(np.int64)
+
+
+def _correlation(fn, a: np.ndarray, b: np.ndarray) -> float:
+    """Correlation; 0.0 when undefined (a constant input), instead of NaN."""
+    if np.all(a == a[0]) or np.all(b == b[0]):
+        return 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        value = float(fn(a, b)[0])
+    return 0.0 if math.isnan(value) else value
+
+
+def compute_metrics(task: str | TaskSpec, predictions, labels) -> dict[str, float]:
+    """The task's GLUE metrics (only those of the task: `TaskSpec.metrics`) for dev predictions.
+
+    predictions: class ids (N,) or logits (N, C) for classification; scores (N,) or (N, 1) for STS-B.
+    labels: gold ids / scores; unlabeled rows (-1) are an error (test splits cannot be scored).
+    """
+    spec = get_task(task)
+    p = _as_predictions(spec, predictions)
+    y = np.asarray(labels)
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.shape != p.shape:
+        raise ValueError(f"{spec.name}: predictions of shape {p.shape} vs labels of shape {y.shape}")
+    if y.size == 0:
+        raise ValueError(f"{spec.name}: no examples to score")
+    if spec.is_regression:
+        y = y.astype(np.float64)
+        if np.any(y < 0):
+            raise ValueError(f"{spec.name}: labels contain negative scores (unlabeled rows?)")
+    else:
+        y = y.astype(np.int64)
+        if np.any(y < 0) or np.any(y >= spec.num_labels):
+            raise ValueError(f"{spec.name}: labels outside 0..{spec.num_labels - 1} (unlabeled rows are -1)")
+    out: dict[str, float] = {}
+    for name in spec.metrics:
+        if name == "accuracy":
+            out[name] = float(accuracy_score(y, p))
+        elif name == "f1":
+            out[name] = float(f1_score(y, p, pos_label=1, average="binary", zero_division=0))
+        elif name == "mcc":
+            out[name] = float(matthews_corrcoef(y, p))
+        elif name == "pearson":
+            out[name] = _correlation(stats.pearsonr, p, y)
+        elif name == "spearman":
+            out[name] = _correlation(stats.spearmanr, p, y)
+        else:  # pragma: no cover - registry and this table are kept in step
+            raise ValueError(f"{spec.name}: unknown metric {name!r}")
+    return out
+
+
+def main_score(task: str | TaskSpec, metrics: Mapping[str, float], *, selection: Selection = "default") -> float:
+    """The model-selection score of `task` from its `compute_metrics` output.
+
+    selection="accuracy" selects MRPC/QQP on accuracy alone (official TinyBERT); other tasks ignore it.
+    """
+    spec = get_task(task)
+    if selection not in ("default", "accuracy"):
+        raise ValueError(f"selection must be 'default' or 'accuracy', got {selection!r}")
+
+    def need(key: str) -> float:
+        if key not in metrics:
+            raise KeyError(f"{spec.name}: metric {key!r} missing from {sorted(metrics)}")
+        return float(metrics[key])
+
+    kind = spec.main_metric
+    if kind == "f1_accuracy":
+        if selection == "accuracy":
+            return need("accuracy")
+        return (need("f1") + need("accuracy")) / 2
+    if kind == "pearson_spearman":
+        return (need("pearson") + need("spearman")) / 2
+    return need(kind)

@@ -1,0 +1,45 @@
+"""Per-split example and label counts of the GLUE tasks found in a data directory."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+
+import datasets
+
+from distillery.glue.loaders import UNLABELED, available_splits, load_local, task_dir
+from distillery.glue.tasks import TASKS, TaskSpec, get_task
+
+# STS-B scores are counted in unit bins; 5.0 falls in the last bin.
+SCORE_BINS = ("0-1", "1-2", "2-3", "3-4", "4-5")
+
+
+def split_stats(task: str | TaskSpec, ds: datasets.Dataset) -> dict:
+    """{"rows": n, "labels": {label: count}}; label names from the registry, STS-B in unit bins,
+    unlabeled rows not counted (a test split has labels {})."""
+    spec = get_task(task)
+    counts: Counter = Counter()
+    for v in ds["label"]:
+        if v == UNLABELED:
+            continue
+        if spec.is_regression:
+            counts[SCORE_BINS[min(int(v), 4)]] += 1
+        else:
+            counts[spec.labels[int(v)]] += 1
+    order = SCORE_BINS if spec.is_regression else spec.labels
+    return {"rows": len(ds), "labels": {k: counts[k] for k in order if counts[k]}}
+
+
+def glue_stats(data_dir: str | os.PathLike) -> dict[str, dict[str, dict]]:
+    """{task: {split: {"rows": n, "labels": {...}}}} for every registry task with files under data_dir."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise FileNotFoundError(f"GLUE data directory {data_dir} not found")
+    out: dict[str, dict[str, dict]] = {}
+    for name, spec in TASKS.items():
+        if not task_dir(spec, data_dir).is_dir() or not available_splits(spec, data_dir):
+            continue
+        dsdict = load_local(spec, data_dir)
+        out[name] = {split: split_stats(spec, ds) for split, ds in dsdict.items()}
+    return out
