@@ -1,0 +1,59 @@
+"""Evaluate a saved model on a GLUE-style task: dev metrics and test-set predictions.
+
+Models are loaded from a `save_pretrained` directory with `AutoModelForSequenceClassification` (no project
+code), exactly as a user would deploy them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import datasets
+import numpy as np
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
+
+from distillery import glue
+
+
+@torch.inference_mode()
+def predict_logits(model, tokenizer, encoded: datasets.Dataset, *, batch_size: int = 64) -> np.ndarray:
+    """Logits (N, num_labels) of `model` on an encoded dataset, in dataset order."""
+    model.eval()
+    device = next(model.parameters()).device
+    keep = [c for c in ("input_ids", "attention_mask", "token_type_ids") if c in encoded.column_names]
+    collate = DataCollatorWithPadding(tokenizer)
+    rows = encoded.select_columns(keep)
+    out = []
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        batch = collate([dict(zip(keep, values)) for values in zip(*(chunk[c] for c in keep))])
+        batch = {k: v.to(device) for k, v in batch.items()}
+        out.append(model(**batch).logits.float().cpu().numpy())
+    return np.concatenate(out) if out else np.zeros((0, model.config.num_labels), dtype=np.float32)
+
+
+def as_predictions(task: str, logits: np.ndarray) -> np.ndarray:
+    spec = glue.get_task(task)
+    return logits[:, 0] if spec.is_regression else logits.argmax(-1)
+
+
+def evaluate_model(
+    model_dir: str | os.PathLike, task: str, data: datasets.DatasetDict, *, max_length: int,
+    batch_size: int = 64,
+) -> tuple[dict[str, float], np.ndarray | None]:
+    """Dev metrics (GLUE names) and test predictions (None when the task has no test split)."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model directory not found: {model_dir}")
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForSequenceClassification.from_pretrained(str(model_dir))
+    encoded = glue.encode(data, tokenizer, task, max_length)
+    dev = encoded["dev"]
+    metrics = glue.compute_metrics(task, as_predictions(task, predict_logits(model, tokenizer, dev, batch_size=batch_size)),
+                                   np.asarray(dev["labels"]))
+    test = None
+    if "test" in encoded:
+        test = as_predictions(task, predict_logits(model, tokenizer, encoded["test"], batch_size=batch_size))
+    return metrics, test

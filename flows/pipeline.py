@@ -1,0 +1,125 @@
+"""The whole pipeline as one Prefect flow:
+
+    python -m flows.pipeline [--params params.yaml | --preset local]
+
+corpus -> task data -> teacher MLM pre-training -> word vectors -> teacher fine-tuning -> augmentation ->
+general distillation -> task distillation (intermediate, then the prediction grid) -> evaluation ->
+registry -> report. Every stage is a Prefect task with a content-addressed cache key (stage, code version,
+the params that matter, fingerprints of its inputs; see tasks.stage), so an unchanged re-run hits the cache
+for every heavy task, and a changed parameter reruns only what depends on it. One MLflow parent run per
+flow run, a nested run per executed stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tasks import env  # noqa: F401  (before prefect)
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from distillery.config import ConfigError, Params, load_params
+from flows.stages import STAGES, items
+from tasks import paths, tracking
+from tasks.execute import execute
+from tasks.stage import Stage, is_fresh, stage_key
+
+PRESETS_DIR = env.ROOT / "params"
+
+
+def _prefect_task(stage: Stage):
+    def key(_context, parameters: dict[str, Any]) -> str:
+        return stage_key(stage, parameters["params"], parameters["item"])
+
+    @task(name=stage.name, cache_key_fn=key, persist_result=True, task_run_name="{item}",
+          result_serializer="json")
+    def run(params: Params, item: str | None, parent_run_id: str | None) -> dict[str, Any]:
+        return execute(stage, params, item, parent_run_id)
+
+    return run
+
+
+PREFECT_TASKS = {name: _prefect_task(stage) for name, stage in STAGES.items()}
+
+
+def run_stage(name: str, p: Params, item: str | None, parent_run_id: str | None) -> dict[str, Any]:
+    """Call a stage's Prefect task; force a rerun when its outputs are gone or were made by other params."""
+    stage, prefect_task = STAGES[name], PREFECT_TASKS[name]
+    if not is_fresh(stage, p, item):
+        prefect_task = prefect_task.with_options(refresh_cache=True)
+    return prefect_task(p, item, parent_run_id)
+
+
+@flow(name="distillery-pipeline", log_prints=True)
+def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
+    p = load_params(params_file)
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+    with tracking.run("pipeline", params={"params_file": params_file}) as parent:
+        parent_id = parent.info.run_id
+        for name in STAGES:
+            for item in items(name, p):
+                t0 = time.perf_counter()
+                run_stage(name, p, item, parent_id)
+                timings[f"{name}[{item}]" if item else name] = round(time.perf_counter() - t0, 2)
+        import mlflow
+
+        mlflow.log_metrics({f"seconds.{k.replace('[', '.').replace(']', '').replace(':', '.')}": v
+                            for k, v in timings.items()})
+        mlflow.log_artifact(str(paths.summary()))
+        if (paths.REPORTS / "table.md").is_file():
+            mlflow.log_artifacts(str(paths.REPORTS), artifact_path="reports")
+    _publish(p)
+    total = round(time.perf_counter() - started, 1)
+    print(f"pipeline finished in {total} s; summary: {paths.summary()}")
+    return {"seconds": total, "stages": timings, "summary": str(paths.summary())}
+
+
+def _publish(p: Params) -> None:
+    """The report as Prefect artifacts (a Markdown table and the summary as a table)."""
+    import json
+
+    table = paths.REPORTS / "table.md"
+    if table.is_file():
+        create_markdown_artifact(key="distillery-report", markdown=table.read_text(encoding="utf-8"),
+                                 description="Students vs teacher: size, speed, GLUE dev scores")
+    summary = json.loads(paths.summary().read_text())
+    rows = [{"task": task, "model": model, **{k: v for k, v in r.items() if isinstance(v, (int, float, str))}}
+            for task, models in summary.items() for model, r in models.items()]
+    create_table_artifact(key="distillery-summary", table=rows)
+
+
+def params_path(params: str | None, preset: str | None) -> str:
+    if preset:
+        path = PRESETS_DIR / f"{preset}.yaml"
+        if not path.is_file():
+            names = sorted(f.stem for f in PRESETS_DIR.glob("*.yaml"))
+            raise ConfigError(f"unknown preset {preset!r}; presets: {names}")
+        return str(path)
+    return params or "params.yaml"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--params", help="params file (default params.yaml)")
+    group.add_argument("--preset", help="a file in params/ by name, e.g. local, paper-tinybert4")
+    args = parser.parse_args(argv)
+    try:
+        path = params_path(args.params, args.preset)
+        load_params(path)  # fail before any work (and before the Prefect server starts)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    pipeline(str(Path(path)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Run one pipeline stage for one item, as `dvc repro` does:
+
+    python -m flows.stage finetune_teacher --item sst2 [--params params.yaml]
+    python -m flows.stage task_distillation --item tinybert4:sst2
+
+DVC decides what to rerun (deps/params/outs in dvc.yaml), so this runs the stage body directly, without
+a Prefect server: the same code and outputs as the Prefect task, with its own MLflow run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from tasks import env  # noqa: F401
+
+from distillery.config import ConfigError, load_params
+
+
+def main(argv: list[str] | None = None) -> int:
+    from flows.stages import STAGES, items
+    from tasks.execute import execute
+
+    parser = argparse.ArgumentParser(prog="python -m flows.stage", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("stage", choices=sorted(STAGES))
+    parser.add_argument("--item", default=None, help="task, student, or student:task")
+    parser.add_argument("--params", default=os.environ.get("DISTILLERY_PARAMS", "params.yaml"))
+    args = parser.parse_args(argv)
+    try:
+        p = load_params(args.params)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    valid = items(args.stage, p)
+    if args.item not in valid:
+        print(f"error: {args.stage}: item {args.item!r} is not one of {valid} under {args.params}", file=sys.stderr)
+        return 2
+    execute(STAGES[args.stage], p, args.item)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

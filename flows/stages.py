@@ -1,0 +1,37 @@
+"""The pipeline's stages in order, and the items each runs for (tasks, students, student-task pairs)."""
+
+from __future__ import annotations
+
+from tasks.augment import AUGMENT
+from tasks.data import PREPARE_CORPUS, PREPARE_TASK, WORD_VECTORS
+from tasks.distill import GENERAL_DISTILLATION, TASK_DISTILLATION
+from tasks.evaluate import EVALUATE, REPORT
+from tasks.register import REGISTER
+from tasks.stage import Stage
+from tasks.teacher import FINETUNE_TEACHER, PRETRAIN
+
+from distillery.config import Params
+
+STAGES: dict[str, Stage] = {s.name: s for s in (
+    PREPARE_CORPUS, PREPARE_TASK, PRETRAIN, WORD_VECTORS, FINETUNE_TEACHER, AUGMENT,
+    GENERAL_DISTILLATION, TASK_DISTILLATION, EVALUATE, REGISTER, REPORT,
+)}
+
+
+def items(stage: str, p: Params) -> list[str | None]:
+    """The items a stage runs for under params `p` ([] when the stage is switched off)."""
+    tasks, students = list(p.data.tasks), list(p.students)
+    pairs = [f"{s}:{t}" for s in students for t in tasks]
+    return {
+        "prepare_corpus": [None],
+        "prepare_task": tasks,
+        "pretrain": [None] if p.pretrain.enabled else [],
+        "word_vectors": [None] if p.augment.enabled else [],
+        "finetune_teacher": tasks,
+        "augment": tasks if p.augment.enabled else [],
+        "general_distillation": students if p.general_distillation.enabled else [],
+        "task_distillation": pairs,
+        "evaluate": tasks,
+        "register": pairs if p.registry.enabled else [],
+        "report": [None],
+    }[stage]

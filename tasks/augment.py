@@ -1,0 +1,61 @@
+"""Augmentation stage: TinyBERT Algorithm 1 over a task's training set."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tasks import paths
+from tasks.data import resolve, vectors_path
+from tasks.stage import Stage
+from tasks.teacher import load_task
+
+from distillery.config import Params
+
+
+def mlm_source(p: Params) -> Path | str:
+    """The MLM for augmentation: the pre-training stage's MLM, or any MLM directory / Hub name."""
+    if p.augment.mlm == "teacher":
+        if not p.pretrain.enabled:
+            raise ValueError("params: augment.mlm: 'teacher' needs pretrain.enabled (the teacher has no MLM "
+                             "otherwise); give an MLM checkpoint path instead")
+        return paths.teacher_mlm() / "model"
+    path = resolve(p.augment.mlm)
+    return path if path.exists() else p.augment.mlm
+
+
+def run_augment(p: Params, task: str) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    from distillery.augment import AugmentConfig, augment_dataset, load_word_vectors
+
+    source = str(mlm_source(p))
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    mlm = AutoModelForMaskedLM.from_pretrained(source).eval()
+    if torch.cuda.is_available():
+        mlm = mlm.cuda()
+    vectors = load_word_vectors(vectors_path(p), max_words=p.word_vectors.max_words,
+                                cache_dir=paths.DATA / "word_vectors" / "cache")
+    train = load_task(task)["train"]
+    if p.augment.max_examples is not None and len(train) > p.augment.max_examples:
+        train = train.select(range(p.augment.max_examples))
+    config = AugmentConfig(k=p.augment.k, p_t=p.augment.p_t, n_aug=p.augment.n_aug, seed=p.seed,
+                           batch_size=p.augment.batch_size, fast=p.augment.fast)
+    out = augment_dataset(train, task, mlm, tokenizer, vectors, config, paths.augmented(task))
+    rows = sum(1 for _ in open(out, encoding="utf-8")) - 1
+    return {"metrics": {"source_examples": len(train), "augmented_rows": rows}}
+
+
+def _deps(p: Params, task: str) -> list[Path]:
+    mlm = mlm_source(p)
+    return [paths.task_data(task), vectors_path(p)] + ([Path(mlm)] if Path(mlm).exists() else [])
+
+
+AUGMENT = Stage(
+    "augment", run_augment,
+    deps=_deps,
+    outs=lambda p, t: [paths.augmented(t)],
+    params=lambda p, t: {"seed": p.seed, "augment": p.augment.model_dump(mode="json"),
+                         "max_words": p.word_vectors.max_words},
+)

@@ -1,0 +1,116 @@
+"""Data stages: prepare a task, prepare the general corpus, word vectors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from tasks import paths
+from tasks.stage import Stage
+
+from distillery.config import Params
+from distillery.io import atomic_dir, write_json
+
+
+def _subset(ds, n: int | None, seed: int):
+    return ds if n is None or len(ds) <= n else ds.shuffle(seed=seed).select(range(n))
+
+
+def run_prepare_task(p: Params, task: str) -> dict[str, Any]:
+    from distillery import demo, glue
+
+    if p.data.source == "demo":
+        raw = paths.raw_task(task)
+        demo.make_demo_task(raw / task, n_train=p.data.demo_train, n_dev=p.data.demo_dev,
+                            n_test=p.data.demo_test, seed=p.seed)
+        dsd = glue.load_local(task, raw)
+    elif p.data.source == "local":
+        dsd = glue.load_local(task, p.data.glue_dir)
+    else:
+        dsd = glue.load_hub(task)
+    if "train" in dsd:
+        dsd["train"] = _subset(dsd["train"], p.data.max_train_examples, p.seed)
+    for split in [s for s in dsd if s != "train"]:
+        dsd[split] = _subset(dsd[split], p.data.max_eval_examples, p.seed)
+    out = paths.task_data(task)
+    with atomic_dir(out) as tmp:
+        dsd.save_to_disk(str(tmp))
+    return {split: len(ds) for split, ds in dsd.items()}
+
+
+def run_prepare_corpus(p: Params, _: str | None) -> dict[str, Any]:
+    from distillery import corpus, demo
+
+    if p.corpus.source == "demo":
+        demo.make_demo_corpus(paths.raw_corpus(), n_documents=p.corpus.demo_documents, seed=p.seed)
+        sources = [paths.raw_corpus()]
+    else:
+        sources = _corpus_files(p)
+    return corpus.prepare_corpus(sources, paths.corpus(), max_sentences=p.corpus.max_sentences)
+
+
+def _corpus_files(p: Params) -> list[Path]:
+    files: list[Path] = []
+    for entry in p.corpus.paths:
+        path = Path(os.path.expanduser(entry))
+        if not path.is_absolute():
+            path = paths.ROOT / path
+        if path.is_dir():
+            files += sorted(f for f in path.rglob("*.txt") if "LICENSE" not in f.name)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"params: corpus.paths: {entry} not found")
+    return files
+
+
+def run_word_vectors(p: Params, _: str | None) -> dict[str, Any]:
+    from distillery import corpus
+
+    if p.word_vectors.source == "corpus":
+        return corpus.learn_word_vectors(paths.corpus(), paths.word_vectors(), dim=p.word_vectors.dim)
+    # A GloVe/word2vec file: load it once (validates every line, builds the binary cache) and record it.
+    from distillery.augment import load_word_vectors
+
+    vectors = load_word_vectors(resolve(p.word_vectors.path), max_words=p.word_vectors.max_words,
+                                cache_dir=paths.DATA / "word_vectors" / "cache")
+    info = {"source": str(resolve(p.word_vectors.path)), "words": len(vectors), "dim": vectors.dim}
+    write_json(paths.word_vectors().with_suffix(".json"), info)
+    return info
+
+
+def resolve(path: str | None) -> Path:
+    """A params path: absolute, ~-expanded, or relative to the project root."""
+    if path is None:
+        raise ValueError("a path is required here")
+    p = Path(os.path.expanduser(path))
+    return p if p.is_absolute() else (paths.ROOT / p).resolve()
+
+
+def vectors_path(p: Params) -> Path:
+    return paths.word_vectors() if p.word_vectors.source == "corpus" else resolve(p.word_vectors.path)
+
+
+def _vectors_out(p: Params) -> Path:
+    return paths.word_vectors() if p.word_vectors.source == "corpus" else paths.word_vectors().with_suffix(".json")
+
+
+PREPARE_TASK = Stage(
+    "prepare_task", run_prepare_task,
+    deps=lambda p, t: [] if p.data.source != "local" else [resolve(p.data.glue_dir)],
+    outs=lambda p, t: [paths.task_data(t)],
+    params=lambda p, t: {"seed": p.seed, "data": p.data.model_dump(mode="json")},
+)
+PREPARE_CORPUS = Stage(
+    "prepare_corpus", run_prepare_corpus,
+    deps=lambda p, _: _corpus_files(p) if p.corpus.source == "files" else [],
+    outs=lambda p, _: [paths.corpus()],
+    params=lambda p, _: {"seed": p.seed, "corpus": p.corpus.model_dump(mode="json")},
+)
+WORD_VECTORS = Stage(
+    "word_vectors", run_word_vectors,
+    deps=lambda p, _: [paths.corpus()] if p.word_vectors.source == "corpus" else [resolve(p.word_vectors.path)],
+    outs=lambda p, _: [_vectors_out(p)],
+    params=lambda p, _: {"word_vectors": p.word_vectors.model_dump(mode="json")},
+)

@@ -1,0 +1,69 @@
+"""Where every stage reads and writes (relative to the project root; `dvc.yaml` uses the same paths)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tasks.env import ROOT
+
+DATA, MODELS, METRICS, REPORTS = ROOT / "data", ROOT / "models", ROOT / "metrics", ROOT / "reports"
+
+
+def raw_task(task: str) -> Path:
+    return DATA / "raw" / task
+
+
+def task_data(task: str) -> Path:
+    return DATA / "tasks" / task
+
+
+def raw_corpus() -> Path:
+    return DATA / "corpus" / "raw.txt"
+
+
+def corpus() -> Path:
+    return DATA / "corpus" / "sentences.txt"
+
+
+def word_vectors() -> Path:
+    return DATA / "word_vectors" / "vectors.txt"
+
+
+def teacher_mlm() -> Path:
+    return MODELS / "teacher-mlm"
+
+
+def teacher(task: str) -> Path:
+    return MODELS / "teacher" / task
+
+
+def augmented(task: str) -> Path:
+    return DATA / "augmented" / f"{task}.tsv"
+
+
+def general_student(student: str) -> Path:
+    return MODELS / "general" / student
+
+
+def student(student: str, task: str) -> Path:
+    return MODELS / "students" / f"{student}-{task}"
+
+
+def evaluation(task: str) -> Path:
+    return METRICS / "eval" / f"{task}.json"
+
+
+def curves(name: str) -> Path:
+    return METRICS / "curves" / f"{name}.csv"
+
+
+def registry(student: str, task: str) -> Path:
+    return METRICS / "registry" / f"{student}-{task}.json"
+
+
+def summary() -> Path:
+    return METRICS / "summary.json"
+
+
+def submission() -> Path:
+    return REPORTS / "submission"

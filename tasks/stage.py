@@ -1,0 +1,109 @@
+"""The stage abstraction shared by the Prefect flow and the DVC stages.
+
+A stage declares, for a given item (a task, a student, a student-task pair or nothing), its inputs, its
+outputs and the params that matter. From those, one content-addressed cache key is derived:
+
+    key = sha256(stage, item, code version, the params that matter, fingerprints of every input)
+
+The Prefect flow uses it as the task cache key; DVC reaches the same decision from `dvc.yaml` (same deps,
+same params, same outs). A key also misses when an output is gone or was last written under another key,
+so a cache hit never returns a path whose content belongs to different params.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable
+
+from tasks.env import ROOT
+
+from distillery.config import Params
+from distillery.io import write_text
+
+STAMPS = ROOT / ".prefect" / "stamps"
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    run: Callable[[Params, str | None], dict[str, Any]]
+    deps: Callable[[Params, str | None], list[Path]]
+    outs: Callable[[Params, str | None], list[Path]]
+    params: Callable[[Params, str | None], dict[str, Any]]
+    code: tuple[str, ...] = field(default=())  # extra modules whose source is part of the code version
+
+
+def _hash_file(path: Path, h) -> None:
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+
+
+def fingerprint(path: str | Path) -> str:
+    """Content hash of a file or directory (relative names + bytes); 'missing' when absent."""
+    path = Path(path)
+    h = hashlib.sha256()
+    if path.is_file():
+        _hash_file(path, h)
+    elif path.is_dir():
+        for p in sorted(path.rglob("*")):
+            if p.is_file() and not p.name.startswith("."):
+                h.update(str(p.relative_to(path)).encode())
+                _hash_file(p, h)
+    else:
+        return "missing"
+    return h.hexdigest()
+
+
+@lru_cache(maxsize=1)
+def code_version() -> str:
+    """Hash of the library and the stage code (and the versions of torch/transformers)."""
+    import torch
+    import transformers
+
+    h = hashlib.sha256(f"{torch.__version__}|{transformers.__version__}".encode())
+    for sub in ("distillery", "tasks"):
+        for p in sorted((ROOT / sub).rglob("*.py")):
+            h.update(str(p.relative_to(ROOT)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def stage_key(stage: Stage, params: Params, item: str | None) -> str:
+    payload = {
+        "stage": stage.name,
+        "item": item,
+        "code": code_version(),
+        "params": stage.params(params, item),
+        "deps": {str(p): fingerprint(p) for p in stage.deps(params, item)},
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _stamp_path(stage: Stage, item: str | None) -> Path:
+    return STAMPS / f"{stage.name}@{item or '-'}"
+
+
+def is_fresh(stage: Stage, params: Params, item: str | None, key: str | None = None) -> bool:
+    """True when every output exists and was last written under this key (so a cache hit is valid)."""
+    key = key or stage_key(stage, params, item)
+    stamp = _stamp_path(stage, item)
+    outputs_ok = all(Path(o).exists() for o in stage.outs(params, item))
+    return outputs_ok and stamp.is_file() and stamp.read_text().strip() == key
+
+
+def run_stage(stage: Stage, params: Params, item: str | None) -> dict[str, Any]:
+    """Run a stage body and stamp its outputs with the key that made them."""
+    key = stage_key(stage, params, item)
+    result = stage.run(params, item)
+    write_text(_stamp_path(stage, item), key + "\n")
+    return result
+
+
+def rel(path: str | Path) -> Path:
+    """A path relative to the project root (DVC and Prefect both run from there)."""
+    return ROOT / path

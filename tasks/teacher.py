@@ -1,0 +1,131 @@
+"""Teacher stages: MLM pre-training (from scratch or continued) and fine-tuning per task."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from tasks import paths
+from tasks.data import resolve
+from tasks.stage import Stage
+
+from distillery.config import Params, TrainSection
+
+
+def train_options(s: TrainSection, seed: int, **extra: Any) -> dict[str, Any]:
+    """TrainingArguments options from a params section."""
+    opts = {
+        "num_train_epochs": s.epochs,
+        "learning_rate": s.lr,
+        "per_device_train_batch_size": s.batch_size,
+        "per_device_eval_batch_size": max(s.batch_size, 64),
+        "warmup_ratio": s.warmup_ratio,
+        "weight_decay": s.weight_decay,
+        "max_steps": s.max_steps,
+        "seed": seed,
+        "save_total_limit": 1,
+        "logging_steps": 5,
+    }
+    opts.update(extra)
+    return opts
+
+
+def finish(output_dir: Path) -> Path:
+    """Drop the resume checkpoints once a stage has exported its final model."""
+    shutil.rmtree(output_dir / "checkpoints", ignore_errors=True)
+    return output_dir / "model"
+
+
+def teacher_source(p: Params) -> str:
+    """The pre-trained teacher every later stage starts from (an MLM-headed checkpoint when pre-trained)."""
+    if p.pretrain.enabled:
+        return str(paths.teacher_mlm() / "model")
+    return teacher_name(p)
+
+
+def run_pretrain(p: Params, _: str | None) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    from distillery import corpus
+    from distillery.models import build_student, resolve_shape
+    from distillery.training import train_mlm
+
+    out = paths.teacher_mlm()
+    if p.teacher.init == "scratch":
+        if p.teacher.tokenizer in (None, "demo"):
+            tok_dir = corpus.train_wordpiece(paths.corpus(), out / "tokenizer", vocab_size=p.teacher.vocab_size)
+        else:
+            tok_dir = resolve(p.teacher.tokenizer)
+        tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
+        model = build_student(resolve_shape(p.teacher.shape.as_spec()), len(tokenizer), head="mlm")
+    else:
+        source = teacher_name(p)
+        tokenizer = AutoTokenizer.from_pretrained(p.teacher.tokenizer and str(resolve(p.teacher.tokenizer)) or source)
+        model = source  # AutoModelForMaskedLM: a checkpoint without an MLM head gets a fresh one
+    texts = corpus.pack_sequences(corpus.read_sentences(paths.corpus()), tokenizer, p.pretrain.max_length)
+    train_mlm(model, tokenizer, texts, out, max_length=p.pretrain.max_length,
+              mlm_probability=p.pretrain.mlm_probability, args=train_options(p.pretrain, p.seed))
+    final = finish(out)
+    return {"curve": final / "train_log.csv", "metrics": {"sequences": len(texts)}}
+
+
+def teacher_name(p: Params) -> str:
+    path = resolve(p.teacher.name_or_path)
+    return str(path) if path.exists() else p.teacher.name_or_path  # a Hub name
+
+
+def load_task(task: str):
+    import datasets
+
+    return datasets.load_from_disk(str(paths.task_data(task)))
+
+
+def metric_fns(task: str):
+    from distillery import glue
+
+    return (lambda preds, labels: glue.compute_metrics(task, preds, labels)), (lambda m: glue.main_score(task, m))
+
+
+def run_finetune_teacher(p: Params, task: str) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    from distillery import glue
+    from distillery.models import load_teacher
+    from distillery.training import finetune
+
+    spec = glue.get_task(task)
+    source = teacher_source(p)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    data = glue.encode(load_task(task), tokenizer, task, p.data.max_length)
+    model = load_teacher(source, head="sequence-classification", num_labels=spec.num_labels,
+                         regression=spec.is_regression)
+    compute, main = metric_fns(task)
+    out = paths.teacher(task)
+    finetune(model, data["train"], data["dev"], out, compute_metrics=compute, main_score=main, tokenizer=tokenizer,
+             args=train_options(p.finetune, p.seed))
+    final = finish(out)
+    return {"curve": final / "train_log.csv", "metrics_file": final / "metrics.json"}
+
+
+def _pretrain_deps(p: Params) -> list[Path]:
+    deps = [paths.corpus()]
+    if p.teacher.init == "pretrained" and resolve(p.teacher.name_or_path).exists():
+        deps.append(resolve(p.teacher.name_or_path))
+    return deps
+
+
+PRETRAIN = Stage(
+    "pretrain", run_pretrain,
+    deps=lambda p, _: _pretrain_deps(p),
+    outs=lambda p, _: [paths.teacher_mlm() / "model"],
+    params=lambda p, _: {"seed": p.seed, "teacher": p.teacher.model_dump(mode="json"),
+                         "pretrain": p.pretrain.model_dump(mode="json")},
+)
+FINETUNE_TEACHER = Stage(
+    "finetune_teacher", run_finetune_teacher,
+    deps=lambda p, t: [paths.task_data(t)] + ([paths.teacher_mlm() / "model"] if p.pretrain.enabled else _pretrain_deps(p)[1:]),
+    outs=lambda p, t: [paths.teacher(t) / "model"],
+    params=lambda p, t: {"seed": p.seed, "max_length": p.data.max_length, "finetune": p.finetune.model_dump(mode="json"),
+                         "teacher": p.teacher.model_dump(mode="json") if not p.pretrain.enabled else None},
+)
