@@ -1,0 +1,40 @@
+"""ObjectiveWeights: names match the objective functions, config validation, weighted combination."""
+
+import pytest
+import torch
+
+import distillery.objectives as objectives
+from distillery.objectives import OBJECTIVES, RECIPES, ObjectiveConfigError, ObjectiveWeights
+
+
+def test_names_match_functions_and_are_exported():
+    for name, fn in OBJECTIVES.items():
+        assert fn.__name__ == name
+        assert getattr(objectives, name) is fn
+    for recipe in RECIPES.values():
+        assert set(recipe) <= set(OBJECTIVES)
+
+
+def test_config_validation_names_the_key():
+    with pytest.raises(ObjectiveConfigError, match="'attn_loss'"):
+        ObjectiveWeights.from_config({"attn_loss": 1.0})
+    with pytest.raises(ValueError, match="hidden_loss"):
+        ObjectiveWeights.from_config({"hidden_loss": -1})
+    with pytest.raises(ValueError, match="hidden_loss"):
+        ObjectiveWeights.from_config({"hidden_loss": "x"})
+    with pytest.raises(ValueError, match="unknown recipe"):
+        ObjectiveWeights.from_config("tinybert9")
+
+
+def test_combine_weighted_sum_and_single_objective():
+    w = ObjectiveWeights.from_config("distilbert")
+    assert w.active() == ("soft_target_loss", "mlm_loss", "cosine_loss")
+    losses = {"soft_target_loss": torch.tensor(1.5), "mlm_loss": torch.tensor(2.0), "cosine_loss": torch.tensor(0.25)}
+    assert w.combine(losses).item() == pytest.approx(5 * 1.5 + 2 * 2.0 + 0.25)
+    alone = ObjectiveWeights.from_config({"mlm_loss": 1.0, "cosine_loss": 0.0})
+    assert alone.active() == ("mlm_loss",) and alone["cosine_loss"] == 0.0
+    assert alone.combine(losses).item() == pytest.approx(2.0)
+    with pytest.raises(ObjectiveConfigError, match="no loss computed"):
+        w.combine({"mlm_loss": torch.tensor(1.0)})
+    with pytest.raises(ObjectiveConfigError, match="no objective"):
+        ObjectiveWeights.from_config({}).combine(losses)
