@@ -1,0 +1,433 @@
+"""Teachers and students: presets, configs, construction, loading, and layer-subset initialisation.
+
+Student presets (parameter counts with vocab 30522, base model incl. pooler; see tests):
+
+* ``tinybert4`` -- TinyBERT_4 (Jiao et al., 2020, Sec. 4.2): M=4, d'=312, d'_i=1200, h=12 (paper: 14.5M).
+* ``tinybert6`` -- TinyBERT_6: M=6, d'=768, d'_i=3072, h=12 (paper: 67M).
+* ``minilm-l6-h384`` / ``minilm-l4-h384`` / ``minilm-l3-h384`` -- MiniLM shapes (Wang et al., 2020,
+  Table 3): 12 heads, intermediate 4 x hidden.
+* ``mobilebert`` -- MobileBERT (Sun et al., 2020, Table 1): 24 layers, inter-block 512, intra-block
+  bottleneck 128, 128-d embedding with trigram (3-convolution) input, 4 heads, 4 stacked FFNs
+  (128-512-128), NoNorm, relu (paper: 25.3M).
+* ``mobilebert-tiny`` -- MobileBERT_TINY (Table 1 + Appendix E): as above with 2 stacked FFNs and
+  the "lighter MHA" that reads query, key *and* value from the 128-d intra-block maps
+  (``use_bottleneck_attention``) (paper: 15.1M; the paper leaves the rest open, we match within 5%).
+* ``distilbert6`` -- DistilBERT (Sanh et al., 2019, Sec. 3): 6 layers of a BERT-base teacher,
+  initialised from teacher layers [0, 2, 4, 7, 9, 11] (``init_layers``).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import transformers
+from torch import nn
+from transformers import PretrainedConfig, PreTrainedModel
+
+__all__ = [
+    "StudentShape",
+    "PRESETS",
+    "ModelConfigError",
+    "resolve_shape",
+    "student_config",
+    "build_student",
+    "load_teacher",
+    "init_from_teacher_layers",
+    "num_layers",
+    "num_heads",
+    "hidden_size",
+    "num_parameters",
+]
+
+ARCHS = ("bert", "mobilebert", "distilbert")
+HEADS = ("base", "sequence-classification", "mlm")
+
+
+class ModelConfigError(ValueError):
+    """An impossible model shape, an unknown preset or key, or an unsupported model."""
+
+
+@dataclass(frozen=True)
+class StudentShape:
+    """A student architecture by numbers.
+
+    layers / hidden / heads / intermediate: transformer depth, hidden size (MobileBERT: the inter-block
+    feature-map size), attention heads, FFN inner size. ``arch`` picks the HF config class; ``extra``
+    is passed to that config verbatim (e.g. MobileBERT bottleneck settings); ``init_layers`` lists
+    the teacher layers a DistilBERT-style student is initialised from (None = random init).
+    """
+
+    layers: int
+    hidden: int
+    heads: int
+    intermediate: int
+    arch: str = "bert"
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    init_layers: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "hidden", "heads", "intermediate"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ModelConfigError(f"student shape: '{name}' must be a positive int, got {v!r}")
+        if self.arch not in ARCHS:
+            raise ModelConfigError(f"student shape: unknown arch {self.arch!r}; expected one of {', '.join(ARCHS)}")
+        attn_width = self.hidden
+        if self.arch == "mobilebert" and self.extra.get("use_bottleneck", True):
+            attn_width = int(self.extra.get("intra_bottleneck_size", 128))
+        if attn_width % self.heads:
+            raise ModelConfigError(
+                f"student shape: attention width {attn_width} is not divisible by {self.heads} heads"
+            )
+        if self.init_layers is not None:
+            object.__setattr__(self, "init_layers", tuple(int(i) for i in self.init_layers))
+            if len(self.init_layers) != self.layers:
+                raise ModelConfigError(
+                    f"student shape: init_layers has {len(self.init_layers)} entries for {self.layers} layers"
+                )
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["extra"] = dict(self.extra)
+        d["init_layers"] = list(self.init_layers) if self.init_layers is not None else None
+        return d
+
+
+_MOBILEBERT_COMMON: dict[str, Any] = {
+    "embedding_size": 128,
+    "trigram_input": True,
+    "use_bottleneck": True,
+    "intra_bottleneck_size": 128,
+    "normalization_type": "no_norm",
+    "hidden_act": "relu",
+}
+
+PRESETS: dict[str, StudentShape | Callable[[], StudentShape]] = {
+    "tinybert4": StudentShape(4, 312, 12, 1200),
+    "tinybert6": StudentShape(6, 768, 12, 3072),
+    "minilm-l6-h384": StudentShape(6, 384, 12, 1536),
+    "minilm-l4-h384": StudentShape(4, 384, 12, 1536),
+    "minilm-l3-h384": StudentShape(3, 384, 12, 1536),
+    "mobilebert": StudentShape(
+        24, 512, 4, 512, arch="mobilebert",
+        extra={**_MOBILEBERT_COMMON, "num_feedforward_networks": 4, "key_query_shared_bottleneck": True,
+               "use_bottleneck_attention": False},
+    ),
+    "mobilebert-tiny": StudentShape(
+        24, 512, 4, 512, arch="mobilebert",
+        extra={**_MOBILEBERT_COMMON, "num_feedforward_networks": 2, "key_query_shared_bottleneck": False,
+               "use_bottleneck_attention": True},
+    ),
+    "distilbert6": StudentShape(6, 768, 12, 3072, arch="distilbert", init_layers=(0, 2, 4, 7, 9, 11)),
+}
+
+# Parameter counts the papers report (millions), used by the tests.
+PAPER_PARAMS_M: dict[str, float] = {"tinybert4": 14.5, "tinybert6": 67.0, "mobilebert": 25.3, "mobilebert-tiny": 15.1}
+
+_SHAPE_KEYS = {f.name for f in fields(StudentShape)}
+
+
+def resolve_shape(name_or_dict: str | Mapping[str, Any] | StudentShape) -> StudentShape:
+    """A preset name, a ``StudentShape``, or a dict of explicit numbers
+    ``{layers, hidden, heads, intermediate[, arch, extra, init_layers]}``; a dict may also name a
+    ``preset`` and override some of its fields."""
+    if isinstance(name_or_dict, StudentShape):
+        return name_or_dict
+    if isinstance(name_or_dict, str):
+        key = name_or_dict.strip().lower()
+        if key not in PRESETS:
+            raise ModelConfigError(f"unknown student preset {name_or_dict!r}; known: {', '.join(sorted(PRESETS))}")
+        preset = PRESETS[key]
+        return preset() if callable(preset) else preset
+    if isinstance(name_or_dict, Mapping):
+        d = dict(name_or_dict)
+        unknown = set(d) - _SHAPE_KEYS - {"preset"}
+        if unknown:
+            raise ModelConfigError(
+                f"student shape: unknown key(s) {sorted(unknown)}; allowed: preset, {', '.join(sorted(_SHAPE_KEYS))}"
+            )
+        if "preset" in d:
+            return replace(resolve_shape(d.pop("preset")), **d)
+        missing = {"layers", "hidden", "heads", "intermediate"} - set(d)
+        if missing:
+            raise ModelConfigError(f"student shape: missing key(s) {sorted(missing)}")
+        return StudentShape(**d)
+    raise ModelConfigError(f"student shape must be a preset name or a dict, got {type(name_or_dict).__name__}")
+
+
+def _inherit(base: PretrainedConfig | None) -> dict[str, Any]:
+    """Fields a student takes from its teacher's config: vocab, positions, token types, pad id."""
+    if base is None:
+        return {}
+    out: dict[str, Any] = {}
+    for key in ("vocab_size", "max_position_embeddings", "type_vocab_size", "pad_token_id"):
+        value = getattr(base, key, None)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def student_config(
+    shape: StudentShape | str | Mapping[str, Any],
+    vocab_size: int | None,
+    *,
+    base: PretrainedConfig | None = None,
+    num_labels: int | None = None,
+) -> PretrainedConfig:
+    """HF config for ``shape``. ``base`` (a teacher config) supplies max positions, token-type vocab,
+    pad id and, when ``vocab_size`` is None, the vocab size."""
+    shape = resolve_shape(shape)
+    inherited = _inherit(base)
+    if vocab_size is None:
+        if "vocab_size" not in inherited:
+            raise ModelConfigError("student_config: vocab_size is None and no base config to inherit it from")
+        vocab_size = inherited["vocab_size"]
+    inherited["vocab_size"] = int(vocab_size)
+    if shape.arch == "distilbert":
+        inherited.pop("type_vocab_size", None)  # DistilBERT has no token-type embeddings
+        cfg: PretrainedConfig = transformers.DistilBertConfig(
+            dim=shape.hidden, n_layers=shape.layers, n_heads=shape.heads, hidden_dim=shape.intermediate,
+            **inherited, **dict(shape.extra),
+        )
+    elif shape.arch == "mobilebert":
+        cfg = transformers.MobileBertConfig(
+            hidden_size=shape.hidden, num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+            intermediate_size=shape.intermediate, **inherited, **dict(shape.extra),
+        )
+    else:
+        cfg = transformers.BertConfig(
+            hidden_size=shape.hidden, num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+            intermediate_size=shape.intermediate, **inherited, **dict(shape.extra),
+        )
+    if num_labels is not None:
+        cfg.num_labels = int(num_labels)
+    return cfg
+
+
+def _auto_class(head: str) -> Any:
+    if head == "base":
+        return transformers.AutoModel
+    if head == "sequence-classification":
+        return transformers.AutoModelForSequenceClassification
+    if head == "mlm":
+        return transformers.AutoModelForMaskedLM
+    raise ModelConfigError(f"unknown head {head!r}; expected one of {', '.join(HEADS)}")
+
+
+def build_student(
+    shape: StudentShape | str | Mapping[str, Any],
+    vocab_size: int | None,
+    *,
+    head: str = "base",
+    num_labels: int = 2,
+    base: PretrainedConfig | None = None,
+) -> PreTrainedModel:
+    """A randomly initialised student (HF model class, SDPA attention) with the requested head."""
+    cls = _auto_class(head)
+    cfg = student_config(shape, vocab_size, base=base, num_labels=num_labels if head == "sequence-classification" else None)
+    return cls.from_config(cfg)
+
+
+def _looks_local(name: str) -> bool:
+    return (
+        name.startswith(("/", "./", "../", "~"))
+        or name.endswith(("/", os.sep))
+        or name.count("/") > 1
+        or (os.sep != "/" and os.sep in name)
+    )
+
+
+def load_teacher(
+    name_or_path: str | os.PathLike,
+    *,
+    head: str = "sequence-classification",
+    num_labels: int | None = None,
+    regression: bool = False,
+) -> PreTrainedModel:
+    """Load a teacher with ``AutoModel*`` from a local directory or a Hub name (never remote code).
+
+    ``regression`` makes a 1-output regression head (STS-B). A missing local directory raises
+    ``FileNotFoundError`` naming it. The model is returned in eval mode.
+    """
+    cls = _auto_class(head)
+    name = str(name_or_path)
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise FileNotFoundError(f"teacher {name!r} is a file, expected a model directory")
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"teacher directory {name!r} has no config.json")
+        name = str(path)
+    elif isinstance(name_or_path, os.PathLike) or _looks_local(name):
+        raise FileNotFoundError(f"teacher directory {name!r} does not exist")
+    kwargs: dict[str, Any] = {}
+    if head == "sequence-classification":
+        if regression:
+            if num_labels not in (None, 1):
+                raise ModelConfigError(f"regression teacher needs num_labels=1, got {num_labels}")
+            kwargs.update(num_labels=1, problem_type="regression")
+        elif num_labels is not None:
+            kwargs["num_labels"] = int(num_labels)
+    try:
+        model = cls.from_pretrained(name, trust_remote_code=False, **kwargs)
+    except OSError as exc:
+        raise FileNotFoundError(f"cannot load teacher {name!r}: {exc}") from exc
+    return model.eval()
+
+
+def num_layers(model_or_config: nn.Module | PretrainedConfig) -> int:
+    """Number of transformer layers (BERT/MobileBERT ``num_hidden_layers``, DistilBERT ``n_layers``)."""
+    return int(_config(model_or_config).num_hidden_layers)
+
+
+def num_heads(model_or_config: nn.Module | PretrainedConfig) -> int:
+    """Attention heads per layer."""
+    return int(_config(model_or_config).num_attention_heads)
+
+
+def hidden_size(model_or_config: nn.Module | PretrainedConfig) -> int:
+    """Width of the hidden states (MobileBERT: the inter-block feature-map size, 512)."""
+    return int(_config(model_or_config).hidden_size)
+
+
+def num_parameters(model: nn.Module, *, trainable_only: bool = False) -> int:
+    """Parameter count, tied weights counted once."""
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if id(p) in seen or (trainable_only and not p.requires_grad):
+            continue
+        seen.add(id(p))
+        total += p.numel()
+    return total
+
+
+def _config(model_or_config: nn.Module | PretrainedConfig) -> PretrainedConfig:
+    cfg = model_or_config if isinstance(model_or_config, PretrainedConfig) else getattr(model_or_config, "config", None)
+    if cfg is None:
+        raise ModelConfigError(f"{type(model_or_config).__name__} has no HF config")
+    return cfg
+
+
+# ---------------------------------------------------------------- layer-subset initialisation
+
+_LAYER_KEY = re.compile(r"^(.*?(?:encoder|transformer)\.layer\.)(\d+)(\..*)$")
+
+
+def _copy_(dst: nn.Module, src: nn.Module) -> None:
+    dst.load_state_dict(src.state_dict())
+
+
+def _check_layers(teacher: PreTrainedModel, layers: Sequence[int]) -> list[int]:
+    n = num_layers(teacher)
+    out = [int(i) for i in layers]
+    if not out:
+        raise ModelConfigError("init_from_teacher_layers: empty layer list")
+    for i in out:
+        if not 0 <= i < n:
+            raise ModelConfigError(f"init_from_teacher_layers: teacher layer {i} out of range 0..{n - 1}")
+    if len(set(out)) != len(out):
+        raise ModelConfigError(f"init_from_teacher_layers: duplicate teacher layer in {out}")
+    return out
+
+
+def _same_arch_subset(teacher: PreTrainedModel, layers: list[int]) -> PreTrainedModel:
+    cfg = copy.deepcopy(teacher.config)
+    cfg.num_hidden_layers = len(layers)
+    student = type(teacher)(cfg)
+    source = teacher.state_dict()
+    state = {}
+    for key in student.state_dict():
+        m = _LAYER_KEY.match(key)
+        state[key] = source[f"{m.group(1)}{layers[int(m.group(2))]}{m.group(3)}" if m else key]
+    student.load_state_dict(state)
+    return student
+
+
+def _bert_to_distilbert(teacher: PreTrainedModel, layers: list[int], fold_token_type: bool) -> PreTrainedModel:
+    tc = teacher.config
+    cfg = transformers.DistilBertConfig(
+        vocab_size=tc.vocab_size, max_position_embeddings=tc.max_position_embeddings, n_layers=len(layers),
+        n_heads=tc.num_attention_heads, dim=tc.hidden_size, hidden_dim=tc.intermediate_size,
+        dropout=tc.hidden_dropout_prob, attention_dropout=tc.attention_probs_dropout_prob,
+        activation=tc.hidden_act, pad_token_id=tc.pad_token_id, initializer_range=tc.initializer_range,
+    )
+    if getattr(tc, "layer_norm_eps", 1e-12) != 1e-12:
+        raise ModelConfigError(
+            f"init_from_teacher_layers: DistilBERT fixes LayerNorm eps to 1e-12, teacher uses {tc.layer_norm_eps}"
+        )
+    has_mlm = hasattr(teacher, "cls") and hasattr(teacher.cls, "predictions")
+    if has_mlm:
+        student = transformers.DistilBertForMaskedLM(cfg)
+    elif isinstance(teacher, transformers.BertForSequenceClassification):
+        cfg.num_labels = tc.num_labels
+        cfg.problem_type = tc.problem_type
+        cfg.id2label, cfg.label2id = dict(tc.id2label), dict(tc.label2id)
+        student = transformers.DistilBertForSequenceClassification(cfg)
+    else:
+        student = transformers.DistilBertModel(cfg)
+    s, t = student.base_model, teacher.base_model
+    with torch.no_grad():
+        _copy_(s.embeddings.word_embeddings, t.embeddings.word_embeddings)
+        _copy_(s.embeddings.LayerNorm, t.embeddings.LayerNorm)
+        pos = t.embeddings.position_embeddings.weight.detach().clone()
+        if fold_token_type:  # exact for single-segment inputs (token type 0 everywhere)
+            pos += t.embeddings.token_type_embeddings.weight[0]
+        s.embeddings.position_embeddings.weight.copy_(pos)
+        for j, i in enumerate(layers):
+            sl, tl = s.transformer.layer[j], t.encoder.layer[i]
+            _copy_(sl.attention.q_lin, tl.attention.self.query)
+            _copy_(sl.attention.k_lin, tl.attention.self.key)
+            _copy_(sl.attention.v_lin, tl.attention.self.value)
+            _copy_(sl.attention.out_lin, tl.attention.output.dense)
+            _copy_(sl.sa_layer_norm, tl.attention.output.LayerNorm)
+            _copy_(sl.ffn.lin1, tl.intermediate.dense)
+            _copy_(sl.ffn.lin2, tl.output.dense)
+            _copy_(sl.output_layer_norm, tl.output.LayerNorm)
+        if has_mlm:
+            pred = teacher.cls.predictions
+            _copy_(student.vocab_transform, pred.transform.dense)
+            _copy_(student.vocab_layer_norm, pred.transform.LayerNorm)
+            student.vocab_projector.weight.copy_(pred.decoder.weight)
+            student.vocab_projector.bias.copy_(pred.bias if pred.bias is not None else pred.decoder.bias)
+    return student
+
+
+def init_from_teacher_layers(
+    teacher: PreTrainedModel,
+    layers: Sequence[int],
+    *,
+    arch: str | None = None,
+    fold_token_type: bool = False,
+) -> PreTrainedModel:
+    """DistilBERT-style student: the teacher's embeddings and the listed teacher layers (0-based),
+    in order, become the student's layers 0..len(layers)-1 (Sanh et al., 2019, Sec. 3, "Student
+    initialization": one layer out of two, [0, 2, 4, 7, 9, 11] in the released code).
+
+    ``arch``: ``"distilbert"`` (default for BERT and DistilBERT teachers) maps BERT weights onto
+    DistilBERT modules and drops token-type embeddings and pooler, like the official code; the MLM
+    head is copied from an MLM teacher, a sequence-classification teacher gets a fresh
+    DistilBERT classifier. ``"same"`` (default for MobileBERT) keeps the teacher's class and copies
+    every non-layer weight. ``fold_token_type`` adds the teacher's token-type-0 embedding into the
+    position embeddings, so single-segment inputs see exactly the teacher's embedding output (the
+    official code does not).
+    """
+    layers = _check_layers(teacher, layers)
+    model_type = teacher.config.model_type
+    if arch is None:
+        arch = "distilbert" if model_type in ("bert", "distilbert") else "same"
+    if arch not in ("distilbert", "same"):
+        raise ModelConfigError(f"init_from_teacher_layers: arch must be 'distilbert' or 'same', got {arch!r}")
+    if arch == "same" or model_type == "distilbert":
+        student = _same_arch_subset(teacher, layers)
+    elif model_type == "bert":
+        student = _bert_to_distilbert(teacher, layers, fold_token_type)
+    else:
+        raise ModelConfigError(f"init_from_teacher_layers: cannot map a {model_type!r} teacher onto DistilBERT")
+    return student.train(teacher.training)
