@@ -15,9 +15,10 @@ from .tinybert import (
     prediction_loss,
     regression_prediction_loss,
 )
-from .weights import OBJECTIVES, RECIPES, ObjectiveConfigError, ObjectiveWeights
+from .weights import ALIASES, OBJECTIVES, RECIPES, ObjectiveConfigError, ObjectiveWeights
 
 __all__ = [
+    "ALIASES",
     "HiddenProjection",
     "OBJECTIVES",
     "ObjectiveConfigError",

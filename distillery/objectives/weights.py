@@ -50,6 +50,13 @@ RECIPES: Mapping[str, Mapping[str, float]] = MappingProxyType(
 )
 
 
+#: Short names accepted in config files (e.g. ``{"attention": 1, "hidden": 1, "embedding": 1}``),
+#: stored under the canonical function name.
+ALIASES: Mapping[str, str] = MappingProxyType(
+    {"attention": "attention_loss", "hidden": "hidden_loss", "embedding": "embedding_loss", "prediction": "prediction_loss"}
+)
+
+
 class ObjectiveConfigError(ValueError):
     """An unknown objective name or an impossible weight in the objectives config."""
 
@@ -62,10 +69,14 @@ class ObjectiveWeights:
 
     def __post_init__(self) -> None:
         clean: dict[str, float] = {}
-        for name, w in dict(self.weights).items():
+        for key, w in dict(self.weights).items():
+            name = ALIASES.get(key, key)
+            if name in clean:
+                raise ObjectiveConfigError(f"objectives: {key!r} given twice (as {name!r} and an alias of it)")
             if name not in OBJECTIVES:
                 raise ObjectiveConfigError(
-                    f"objectives: unknown key {name!r}; known objectives: {', '.join(sorted(OBJECTIVES))}"
+                    f"objectives: unknown key {key!r}; known objectives: {', '.join(sorted(OBJECTIVES))} "
+                    f"(aliases: {', '.join(sorted(ALIASES))})"
                 )
             try:
                 wf = float(w)
@@ -94,12 +105,14 @@ class ObjectiveWeights:
         return tuple(n for n, w in self.weights.items() if w > 0)
 
     def __getitem__(self, name: str) -> float:
+        name = ALIASES.get(name, name)
         if name not in OBJECTIVES:
             raise KeyError(f"unknown objective {name!r}")
         return self.weights.get(name, 0.0)
 
     def combine(self, losses: Mapping[str, Tensor]) -> Tensor:
         """Weighted sum ``sum_n w_n L_n`` over active objectives; each must be present in ``losses``."""
+        losses = {ALIASES.get(n, n): v for n, v in losses.items()}
         missing = [n for n in self.active() if n not in losses]
         if missing:
             raise ObjectiveConfigError(f"objectives: no loss computed for active objective(s) {missing}")
