@@ -33,7 +33,7 @@ def encode(dsdict: datasets.DatasetDict, tokenizer, task: str | TaskSpec, max_le
         missing = [c for c in ("text_a", "label") + (("text_b",) if spec.is_pair else ()) if c not in ds.column_names]
         if missing:
             raise KeyError(f"{spec.name}[{split}]: missing columns {missing} (has {ds.column_names})")
-        labels = ds["label"]
+        labels = ds["label"][:]
         unlabeled = sum(1 for v in labels if v == UNLABELED)
         if 0 < unlabeled < len(labels):
             raise ValueError(f"{spec.name}[{split}]: {unlabeled} of {len(labels)} rows are unlabeled (-1)")

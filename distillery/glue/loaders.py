@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 import datasets
+import pyarrow as pa
 
 from distillery.glue.tasks import TaskSpec, get_task
 
@@ -88,7 +89,10 @@ def _is_header(spec: TaskSpec, fields: list[str]) -> bool:
 
 
 def _rows_to_dataset(spec: TaskSpec, rows: dict[str, list], extra: Sequence[str] = ()) -> datasets.Dataset:
-    return datasets.Dataset.from_dict(rows, features=_features(spec, extra))
+    """Columns -> Dataset through a typed Arrow table (Dataset.from_dict encodes row by row: ~10x slower)."""
+    features = _features(spec, extra)
+    table = pa.table({name: pa.array(rows[name], type=feat.pa_type) for name, feat in features.items()})
+    return datasets.Dataset(table)
 
 
 def _read_augmented(spec: TaskSpec, path: Path) -> datasets.Dataset:
@@ -227,7 +231,7 @@ def _from_hub_split(spec: TaskSpec, ds: datasets.Dataset, where: str) -> dataset
     missing = [c for c in (*spec.hub_text_columns, "label", "idx") if c not in ds.column_names]
     if missing:
         raise KeyError(f"{where}: missing columns {missing} (has {ds.column_names})")
-    labels = ds["label"]
+    labels = ds["label"][:]
     if spec.is_regression:
         mapped = [float(v) for v in labels]
     else:
@@ -240,9 +244,9 @@ def _from_hub_split(spec: TaskSpec, ds: datasets.Dataset, where: str) -> dataset
             raise ValueError(f"{where}: Hub label names {unknown} not in {list(spec.hub_label_names)}")
         hub_to_ours = {i: spec.hub_label_names.index(n) for i, n in enumerate(names)}
         mapped = [UNLABELED if v is None or v < 0 else hub_to_ours[int(v)] for v in labels]
-    rows: dict[str, list] = {"text_a": list(ds[spec.hub_text_columns[0]])}
+    rows: dict[str, list] = {"text_a": ds[spec.hub_text_columns[0]][:]}
     if spec.is_pair:
-        rows["text_b"] = list(ds[spec.hub_text_columns[1]])
+        rows["text_b"] = ds[spec.hub_text_columns[1]][:]
     rows["label"] = mapped
-    rows["idx"] = [int(i) for i in ds["idx"]]
+    rows["idx"] = [int(i) for i in ds["idx"][:]]
     return _rows_to_dataset(spec, rows)

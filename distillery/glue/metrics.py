@@ -16,7 +16,6 @@ import warnings
 from typing import Literal, Mapping
 
 import numpy as np
-from scipy import stats
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 from distillery.glue.tasks import TaskSpec, get_task
@@ -83,9 +82,13 @@ def compute_metrics(task: str | TaskSpec, predictions, labels) -> dict[str, floa
         elif name == "mcc":
             out[name] = float(matthews_corrcoef(y, p))
         elif name == "pearson":
-            out[name] = _correlation(stats.pearsonr, p, y)
+            from scipy.stats import pearsonr  # lazy: scipy.stats costs seconds to import
+
+            out[name] = _correlation(pearsonr, p, y)
         elif name == "spearman":
-            out[name] = _correlation(stats.spearmanr, p, y)
+            from scipy.stats import spearmanr
+
+            out[name] = _correlation(spearmanr, p, y)
         else:  # pragma: no cover - registry and this table are kept in step
             raise ValueError(f"{spec.name}: unknown metric {name!r}")
     return out

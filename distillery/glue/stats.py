@@ -20,7 +20,7 @@ def split_stats(task: str | TaskSpec, ds: datasets.Dataset) -> dict:
     unlabeled rows not counted (a test split has labels {})."""
     spec = get_task(task)
     counts: Counter = Counter()
-    for v in ds["label"]:
+    for v in ds["label"][:]:
         if v == UNLABELED:
             continue
         if spec.is_regression:
