@@ -1,0 +1,74 @@
+"""`distillery augment ...`: TinyBERT data augmentation of a GLUE training file into a TSV."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _run(args: argparse.Namespace) -> int:
+    import torch
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    from distillery.augment.algorithm import AugmentConfig
+    from distillery.augment.dataset import augment_file
+    from distillery.augment.glove import load_word_vectors
+    from distillery.glue.loaders import task_dir
+    from distillery.glue.tasks import get_task
+
+    spec = get_task(args.task)
+    if args.input is not None:
+        source = Path(args.input)
+    else:
+        if "train" not in spec.files:
+            raise ValueError(f"augment: task {spec.name} has no train split")
+        source = task_dir(spec, args.data_dir) / spec.files["train"]
+    mlm_dir = Path(args.mlm)
+    if not mlm_dir.is_dir():
+        raise FileNotFoundError(f"augment: MLM directory not found: {mlm_dir}")
+    tokenizer = AutoTokenizer.from_pretrained(mlm_dir)
+    model = AutoModelForMaskedLM.from_pretrained(mlm_dir).eval()
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device)
+    if args.bf16:
+        model.to(torch.bfloat16)
+    vectors = load_word_vectors(args.glove, max_words=args.max_words, cache_dir=args.cache_dir)
+    config = AugmentConfig(
+        k=args.k, p_t=args.p_t, n_aug=args.n_aug, seed=args.seed, batch_size=args.batch_size, fast=args.fast,
+        drop_original=args.drop_original, drop_punctuation=args.drop_punctuation,
+        drop_subwords=args.drop_subwords, restore_case=args.restore_case, max_seq_length=args.max_seq_length,
+    )
+    out = augment_file(spec.name, source, model, tokenizer, vectors, config, args.output,
+                       max_examples=args.max_examples, progress=not args.quiet)
+    print(f"augmented {source} -> {out}")
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add `augment --task T (--input FILE | --data-dir DIR) --mlm DIR --glove FILE --output FILE ...`."""
+    p = subparsers.add_parser("augment", help="TinyBERT data augmentation (Algorithm 1) of a GLUE train file")
+    p.add_argument("--task", required=True, help="GLUE task name (cola, sst2, mrpc, ...)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--input", help="a GLUE-format split file of the task")
+    src.add_argument("--data-dir", help="GLUE download layout root; its <Task>/train.tsv is augmented")
+    p.add_argument("--mlm", required=True, help="masked-LM directory (save_pretrained layout, with tokenizer)")
+    p.add_argument("--glove", required=True, help="GloVe / word2vec text file")
+    p.add_argument("--output", required=True, help="augmented TSV to write")
+    p.add_argument("--n-aug", type=int, default=None, help="tries per sentence N_a (default: the task's official value)")
+    p.add_argument("--k", type=int, default=15, help="candidates per word K")
+    p.add_argument("--p-t", type=float, default=0.4, help="replacement probability p_t")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--fast", action="store_true", help="approximate fast mode: one MLM forward per sentence")
+    p.add_argument("--max-words", type=int, default=100_000, help="GloVe words kept (first N of the file)")
+    p.add_argument("--cache-dir", default=None, help="where the binary GloVe cache goes (default: beside the file)")
+    p.add_argument("--batch-size", type=int, default=32, help="masked copies per MLM forward")
+    p.add_argument("--max-seq-length", type=int, default=512)
+    p.add_argument("--max-examples", type=int, default=None, help="augment only the first N examples")
+    p.add_argument("--drop-original", action="store_true", help="never propose the masked word itself")
+    p.add_argument("--drop-punctuation", action="store_true", help="never propose punctuation or special tokens")
+    p.add_argument("--drop-subwords", action="store_true", help="rank whole words only (K whole-word candidates)")
+    p.add_argument("--restore-case", action="store_true", help="re-apply the input casing to output words")
+    p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    p.add_argument("--bf16", action="store_true", help="run the MLM in bfloat16 (GPU)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_run)
