@@ -31,6 +31,9 @@ from torch import Tensor, nn
 __all__ = ["Captured", "capture", "CaptureError", "model_parts"]
 
 
+_KINDS = ("hidden", "scores", "probs", "values", "queries", "keys")
+
+
 class CaptureError(ValueError):
     """The model's structure is not supported, or a requested layer does not exist."""
 
@@ -51,6 +54,18 @@ class Captured:
     values: dict[int, Tensor] = field(default_factory=dict)
     queries: dict[int, Tensor] = field(default_factory=dict)
     keys: dict[int, Tensor] = field(default_factory=dict)
+
+    def select(self, kind: str, indices: Iterable[int]) -> list[Tensor]:
+        """Tensors of ``kind`` ("hidden", "scores", ...) in the order of ``indices`` (e.g. a layer
+        map's ``teacher_layers``), ready for the list-in objectives."""
+        table = getattr(self, kind, None)
+        indices = list(indices)
+        if kind not in _KINDS or not isinstance(table, dict):
+            raise CaptureError(f"capture: unknown kind {kind!r}; expected one of {', '.join(_KINDS)}")
+        missing = [i for i in indices if i not in table]
+        if missing:
+            raise CaptureError(f"capture: {kind} not captured for index(es) {missing}; captured: {sorted(table)}")
+        return [table[i] for i in indices]
 
     def clear(self) -> None:
         for d in (self.hidden, self.scores, self.probs, self.values, self.queries, self.keys):

@@ -140,3 +140,20 @@ def test_out_of_range_and_unsupported_models_raise():
     with pytest.raises(CaptureError, match="unsupported model"):
         with capture(torch.nn.Linear(2, 2), hidden=[0]):
             pass
+
+
+def test_select_orders_by_layer_map_and_reports_missing():
+    from distillery.layer_map import build_layer_map
+
+    fast, _ = _pair("bert", "base")
+    ids, mask = _batch()
+    lm = build_layer_map("uniform", 1, 3)  # attention (0, 2); hidden (0, 0), (1, 3)
+    with capture(fast, scores=lm.teacher_layers, hidden=lm.teacher_states) as c:
+        fast(input_ids=ids, attention_mask=mask)
+    states = c.select("hidden", reversed(lm.teacher_states))
+    assert states[0] is c.hidden[3] and states[1] is c.hidden[0]
+    assert c.select("scores", lm.teacher_layers)[0] is c.scores[2]
+    with pytest.raises(CaptureError, match=r"probs not captured for index\(es\) \[2\]"):
+        c.select("probs", [2])
+    with pytest.raises(CaptureError, match="unknown kind"):
+        c.select("clear", [0])
