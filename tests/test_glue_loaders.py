@@ -286,3 +286,22 @@ def test_real_glue_counts_exact(capsys):
     assert stats["rte"]["dev"]["labels"] == {"entailment": 146, "not_entailment": 131}
     assert sum(stats["stsb"]["dev"]["labels"].values()) == 1500
     assert stats["sst2"]["test_labeled"]["rows"] == 1821
+
+
+def test_reads_files_written_by_augment_io(tmp_path):
+    aug_io = pytest.importorskip("distillery.augment.io")
+    rows = [{"text_a": 'a "quoted\ttab', "text_b": "line\nbreak", "label": 0, "source_idx": 4},
+            {"text_a": "x", "text_b": "y", "label": 2, "source_idx": 4}]
+    path = tmp_path / "mnli_aug.tsv"
+    aug_io.write_augmented(rows, path, pair=True)
+    ds = load_split_file("mnli", path)
+    assert ds["text_a"][:] == ['a "quoted\ttab', "x"] and ds["text_b"][:] == ["line\nbreak", "y"]
+    assert ds["label"][:] == [0, 2] and ds["source_idx"][:] == [4, 4]
+
+
+def test_empty_file(tmp_path):
+    path = tmp_path / "SST-2" / "train.tsv"
+    path.parent.mkdir()
+    path.write_text("")
+    with pytest.raises(GlueFileError, match="empty"):
+        load_local("sst2", tmp_path)

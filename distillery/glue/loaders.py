@@ -76,7 +76,7 @@ def parse_label(spec: TaskSpec, raw: str, where: str, *, allow_id: bool = False)
         if not math.isfinite(value) or not 0.0 <= value <= 5.0:
             raise GlueFileError(f"{where}: score {raw!r} is outside [0, 5]")
         return value
-    ids = spec.label2id
+    ids = spec._label_ids
     if raw in ids:
         return ids[raw]
     if allow_id and raw.isdigit() and int(raw) < len(spec.labels):
@@ -128,12 +128,14 @@ def load_split_file(task: str | TaskSpec, path: str | os.PathLike) -> datasets.D
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{spec.name}: no such file {path}")
+    with open(path, encoding="utf-8-sig", newline="\n") as f:
+        head = f.readline()
+    if head.split("\t", 1)[0].strip() == AUGMENTED_HEADER:
+        return _read_augmented(spec, path)
     lines = _read_lines(path)
     if not lines:
         raise GlueFileError(f"{path}: empty file")
     first = lines[0].split("\t")
-    if first[0] == AUGMENTED_HEADER:
-        return _read_augmented(spec, path)
     if _is_header(spec, first):
         columns, body, start = first, lines[1:], 2
     elif spec.noheader_columns is not None:

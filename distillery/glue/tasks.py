@@ -20,6 +20,7 @@ TinyBERT code has a bug that selects on mismatched.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 from typing import Mapping
 
@@ -81,9 +82,14 @@ class TaskSpec:
         """Output size of the classifier head: 1 for regression."""
         return 1 if self.is_regression else len(self.labels)
 
+    @cached_property
+    def _label_ids(self) -> dict[str, int]:
+        return {label: i for i, label in enumerate(self.labels)}
+
     @property
     def label2id(self) -> dict[str, int]:
-        return {label: i for i, label in enumerate(self.labels)}
+        """{label: id} (a fresh dict: safe to hand to a model config)."""
+        return dict(self._label_ids)
 
     @property
     def id2label(self) -> dict[int, str]:
