@@ -7,7 +7,7 @@ import datasets
 import pytest
 
 from distillery.cli import main as cli_main
-from distillery.glue import GlueFileError, get_task, glue_stats, load_hub, load_local, load_split_file
+from distillery.glue import GlueFileError, get_task, load_hub, load_local, load_split_file
 
 SHARED_GLUE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "glue"
 

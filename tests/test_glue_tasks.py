@@ -50,3 +50,11 @@ def test_get_task_aliases_and_unknown():
         get_task("squad")
     with pytest.raises(ValueError):
         get_task("")
+
+
+def test_tasks_evaluated_with_the_mnli_model():
+    from distillery.glue import tasks_evaluated_with
+
+    assert tasks_evaluated_with("mnli") == ("mnli", "mnli-mm", "ax")
+    assert tasks_evaluated_with("mnli-mm") == ("mnli", "mnli-mm", "ax")
+    assert tasks_evaluated_with("rte") == ("rte",)

@@ -198,3 +198,13 @@ def get_task(name: str | TaskSpec) -> TaskSpec:
         return TASKS[key]
     except KeyError:
         raise UnknownTaskError(f"unknown GLUE task {name!r}; known tasks: {', '.join(TASKS)}") from None
+
+
+def tasks_evaluated_with(task: str | TaskSpec) -> tuple[str, ...]:
+    """Tasks predicted by the model trained and selected for `task`: ("mnli", "mnli-mm", "ax") for MNLI.
+
+    MNLI-mm and AX have no training data of their own; their dev/test predictions come from the MNLI
+    model (selected on matched dev), as the GLUE server expects.
+    """
+    owner = get_task(task).selection_task
+    return tuple(name for name, spec in TASKS.items() if spec.selection_task == owner)
