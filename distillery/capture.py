@@ -82,7 +82,12 @@ class _Parts:
 
 def model_parts(model: nn.Module) -> _Parts:
     """Locate embeddings, transformer layers and self-attention modules of BERT / DistilBERT /
-    MobileBERT base models or their ``*For*`` heads."""
+    MobileBERT base models or their ``*For*`` heads (DDP / ``torch.compile`` wrappers unwrapped)."""
+    for _ in range(4):
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            break
+        model = inner
     base = getattr(model, "base_model", model)
     embeddings = getattr(base, "embeddings", None)
     container = getattr(base, "encoder", None) or getattr(base, "transformer", None)

@@ -337,20 +337,31 @@ def _check_layers(teacher: PreTrainedModel, layers: Sequence[int]) -> list[int]:
     return out
 
 
-def _same_arch_subset(teacher: PreTrainedModel, layers: list[int]) -> PreTrainedModel:
+def _remap(key: str, layers: list[int]) -> str:
+    m = _LAYER_KEY.match(key)
+    return f"{m.group(1)}{layers[int(m.group(2))]}{m.group(3)}" if m else key
+
+
+def _same_arch_subset(teacher: PreTrainedModel, layers: list[int], head: str | None) -> PreTrainedModel:
     cfg = copy.deepcopy(teacher.config)
     cfg.num_hidden_layers = len(layers)
-    student = type(teacher)(cfg)
-    source = teacher.state_dict()
-    state = {}
-    for key in student.state_dict():
-        m = _LAYER_KEY.match(key)
-        state[key] = source[f"{m.group(1)}{layers[int(m.group(2))]}{m.group(3)}" if m else key]
-    student.load_state_dict(state)
+    student = type(teacher)(cfg) if head is None else _auto_class(head).from_config(cfg)
+    if type(student) is type(teacher):  # every weight, heads included
+        source = teacher.state_dict()
+        student.load_state_dict({k: source[_remap(k, layers)] for k in student.state_dict()})
+        return student
+    source = teacher.base_model.state_dict()  # another head: copy the encoder, keep the new head
+    target = student.base_model
+    state = {k: source[_remap(k, layers)] for k in target.state_dict() if _remap(k, layers) in source}
+    missing = target.load_state_dict(state, strict=False).missing_keys
+    if any("pooler" not in k for k in missing):
+        raise ModelConfigError(f"init_from_teacher_layers: teacher lacks weights {missing[:5]}")
     return student
 
 
-def _bert_to_distilbert(teacher: PreTrainedModel, layers: list[int], fold_token_type: bool) -> PreTrainedModel:
+def _bert_to_distilbert(
+    teacher: PreTrainedModel, layers: list[int], fold_token_type: bool, head: str | None
+) -> PreTrainedModel:
     tc = teacher.config
     cfg = transformers.DistilBertConfig(
         vocab_size=tc.vocab_size, max_position_embeddings=tc.max_position_embeddings, n_layers=len(layers),
@@ -363,9 +374,13 @@ def _bert_to_distilbert(teacher: PreTrainedModel, layers: list[int], fold_token_
             f"init_from_teacher_layers: DistilBERT fixes LayerNorm eps to 1e-12, teacher uses {tc.layer_norm_eps}"
         )
     has_mlm = hasattr(teacher, "cls") and hasattr(teacher.cls, "predictions")
-    if has_mlm:
+    if head is None:
+        is_cls = isinstance(teacher, transformers.BertForSequenceClassification)
+        head = "mlm" if has_mlm else "sequence-classification" if is_cls else "base"
+    _auto_class(head)  # validates the name
+    if head == "mlm":
         student = transformers.DistilBertForMaskedLM(cfg)
-    elif isinstance(teacher, transformers.BertForSequenceClassification):
+    elif head == "sequence-classification":
         cfg.num_labels = tc.num_labels
         cfg.problem_type = tc.problem_type
         cfg.id2label, cfg.label2id = dict(tc.id2label), dict(tc.label2id)
@@ -390,7 +405,7 @@ def _bert_to_distilbert(teacher: PreTrainedModel, layers: list[int], fold_token_
             _copy_(sl.ffn.lin1, tl.intermediate.dense)
             _copy_(sl.ffn.lin2, tl.output.dense)
             _copy_(sl.output_layer_norm, tl.output.LayerNorm)
-        if has_mlm:
+        if has_mlm and head == "mlm":
             pred = teacher.cls.predictions
             _copy_(student.vocab_transform, pred.transform.dense)
             _copy_(student.vocab_layer_norm, pred.transform.LayerNorm)
@@ -404,6 +419,7 @@ def init_from_teacher_layers(
     layers: Sequence[int],
     *,
     arch: str | None = None,
+    head: str | None = None,
     fold_token_type: bool = False,
 ) -> PreTrainedModel:
     """DistilBERT-style student: the teacher's embeddings and the listed teacher layers (0-based),
@@ -414,7 +430,8 @@ def init_from_teacher_layers(
     DistilBERT modules and drops token-type embeddings and pooler, like the official code; the MLM
     head is copied from an MLM teacher, a sequence-classification teacher gets a fresh
     DistilBERT classifier. ``"same"`` (default for MobileBERT) keeps the teacher's class and copies
-    every non-layer weight. ``fold_token_type`` adds the teacher's token-type-0 embedding into the
+    every non-layer weight. ``head`` ("base" / "sequence-classification" / "mlm") overrides the
+    head; None follows the teacher's; a head the teacher lacks starts random. ``fold_token_type`` adds the teacher's token-type-0 embedding into the
     position embeddings, so single-segment inputs see exactly the teacher's embedding output (the
     official code does not).
     """
@@ -425,9 +442,9 @@ def init_from_teacher_layers(
     if arch not in ("distilbert", "same"):
         raise ModelConfigError(f"init_from_teacher_layers: arch must be 'distilbert' or 'same', got {arch!r}")
     if arch == "same" or model_type == "distilbert":
-        student = _same_arch_subset(teacher, layers)
+        student = _same_arch_subset(teacher, layers, head)
     elif model_type == "bert":
-        student = _bert_to_distilbert(teacher, layers, fold_token_type)
+        student = _bert_to_distilbert(teacher, layers, fold_token_type, head)
     else:
         raise ModelConfigError(f"init_from_teacher_layers: cannot map a {model_type!r} teacher onto DistilBERT")
     return student.train(teacher.training)

@@ -177,3 +177,18 @@ def test_saved_preset_student_loads_with_auto_classes_only(tmp_path, name):
     encoder = tr.AutoModel.from_pretrained(tmp_path / "s")
     assert num_layers(encoder) == shape.layers
     assert (tmp_path / "s" / "model.safetensors").is_file()
+
+
+def test_init_with_head_override():
+    teacher = _tiny_bert_teacher(tr.BertForMaskedLM)
+    cls_student = init_from_teacher_layers(teacher, [1, 2], head="sequence-classification")
+    assert isinstance(cls_student, tr.DistilBertForSequenceClassification)
+    assert torch.equal(cls_student.distilbert.transformer.layer[0].attention.v_lin.weight,
+                       teacher.bert.encoder.layer[1].attention.self.value.weight)
+    same = init_from_teacher_layers(teacher, [0, 3], arch="same", head="sequence-classification")
+    assert isinstance(same, tr.BertForSequenceClassification)
+    assert torch.equal(same.bert.encoder.layer[1].intermediate.dense.weight,
+                       teacher.bert.encoder.layer[3].intermediate.dense.weight)
+    assert torch.equal(same.bert.embeddings.word_embeddings.weight, teacher.bert.embeddings.word_embeddings.weight)
+    with pytest.raises(ModelConfigError, match="unknown head"):
+        init_from_teacher_layers(teacher, [0], head="qa")
