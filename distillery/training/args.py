@@ -1,0 +1,58 @@
+"""Training arguments: one place that turns a plain dict of options into `transformers.TrainingArguments`.
+
+Every loop in `distillery.training` builds on the Hugging Face `Trainer`, so mixed precision, gradient
+accumulation, distributed training and checkpoint resume come from there, not from this project.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Mapping
+
+from transformers import TrainingArguments
+
+#: Defaults that differ from `TrainingArguments`' own: no experiment trackers (the pipeline logs to MLflow
+#: itself from `train_log.csv`), a bounded number of checkpoints, frequent logging for loss curves.
+DEFAULTS: dict[str, Any] = {
+    "report_to": "none",
+    "save_total_limit": 2,
+    "logging_steps": 10,
+    "save_strategy": "steps",
+    "save_steps": 500,
+    "seed": 42,
+    "disable_tqdm": False,
+}
+
+_FIELDS = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
+
+
+class TrainArgsError(ValueError):
+    """An unknown or impossible training option."""
+
+
+def training_arguments(
+    output_dir: str | os.PathLike,
+    options: Mapping[str, Any] | TrainingArguments | None = None,
+    **overrides: Any,
+) -> TrainingArguments:
+    """Build `TrainingArguments` from project defaults, then `options`, then keyword `overrides`.
+
+    `options` may already be a `TrainingArguments` (its values are kept, `output_dir` is replaced).
+    An unknown key raises `TrainArgsError` naming the key, before any training starts.
+    """
+    values: dict[str, Any] = dict(DEFAULTS)
+    if isinstance(options, TrainingArguments):
+        values.update({k: v for k, v in options.to_dict().items() if k in _FIELDS})
+        # to_dict() turns enums into strings and drops tokens; both are fine for rebuilding.
+        values.pop("hub_token", None)
+    elif options is not None:
+        values.update(options)
+    values.update(overrides)
+    unknown = sorted(set(values) - _FIELDS)
+    if unknown:
+        raise TrainArgsError(f"unknown training option(s) {unknown}; see transformers.TrainingArguments")
+    values["output_dir"] = str(output_dir)
+    if values.get("eval_strategy", "no") == "no" and values.get("load_best_model_at_end"):
+        raise TrainArgsError("load_best_model_at_end=True needs an eval_strategy other than 'no'")
+    return TrainingArguments(**values)

@@ -1,0 +1,92 @@
+"""Fine-tuning a teacher or a student on a sequence classification / regression task (BERT section 4.1).
+
+Datasets arrive encoded (`input_ids`, `attention_mask`, optional `token_type_ids`, `labels`; see
+`distillery.glue.encode`). The best checkpoint on the dev main score is kept (evaluated every epoch by
+default) and exported to `output_dir/model`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import datasets
+from transformers import (
+    DataCollatorWithPadding,
+    PreTrainedModel,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+    default_data_collator,
+)
+
+from distillery.training.args import training_arguments
+from distillery.training.log import LOG_NAME, rows_from_state, write_log
+from distillery.training.metrics import MAIN, MetricFn, trainer_metrics
+from distillery.training.saving import checkpoint_dir, last_checkpoint, save_final
+
+
+def collator_for(tokenizer):
+    """Dynamic padding when a tokenizer is known; otherwise examples must already have equal length."""
+    return DataCollatorWithPadding(tokenizer) if tokenizer is not None else default_data_collator
+
+
+def selection_args(overrides: dict[str, Any], has_eval: bool) -> dict[str, Any]:
+    """Evaluate and save every epoch and keep the best checkpoint on `"main"`, unless the caller says otherwise."""
+    if not has_eval:
+        return overrides
+    out = {
+        "eval_strategy": "epoch",
+        "save_strategy": "epoch",
+        "load_best_model_at_end": True,
+        "metric_for_best_model": MAIN,
+        "greater_is_better": True,
+    }
+    out.update(overrides)
+    if out.get("eval_strategy") == "steps" and "save_strategy" not in overrides:
+        out["save_strategy"] = "steps"
+    return out
+
+
+def finetune(
+    model: PreTrainedModel,
+    train_dataset: datasets.Dataset,
+    eval_dataset: datasets.Dataset | None,
+    output_dir: str | os.PathLike,
+    *,
+    compute_metrics: MetricFn | None = None,
+    main_score: Callable[[dict], float] | str | None = None,
+    tokenizer=None,
+    args: Mapping[str, Any] | TrainingArguments | None = None,
+    callbacks: Sequence[TrainerCallback] = (),
+    resume: bool = True,
+    **overrides: Any,
+) -> Path:
+    """Fine-tune `model` (a `*ForSequenceClassification`; `num_labels=1` means regression/MSE).
+
+    `compute_metrics(predictions, labels) -> dict` receives class ids (or scores for regression);
+    `main_score` picks the selection metric (a key, or a function of the metrics dict). With an eval set the
+    best checkpoint on the main score is restored before export. Returns `output_dir/model`, which also holds
+    `train_log.csv` and `metrics.json` (the dev metrics of the exported model).
+    """
+    if eval_dataset is not None and compute_metrics is None:
+        raise ValueError("an eval_dataset needs compute_metrics(predictions, labels) to select the best model")
+    opts = dict(args) if isinstance(args, Mapping) else {}
+    base = args if isinstance(args, TrainingArguments) else None
+    opts = selection_args({**opts, **overrides}, eval_dataset is not None)
+    targs = training_arguments(checkpoint_dir(output_dir), base, **opts)
+    trainer = Trainer(
+        model=model,
+        args=targs,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        data_collator=collator_for(tokenizer),
+        processing_class=tokenizer,
+        compute_metrics=trainer_metrics(compute_metrics, main_score) if compute_metrics else None,
+        callbacks=list(callbacks),
+    )
+    trainer.train(resume_from_checkpoint=last_checkpoint(output_dir) if resume else None)
+    metrics = trainer.evaluate() if eval_dataset is not None else None
+    rows = rows_from_state(trainer.state.log_history)
+    return save_final(output_dir, trainer.model, tokenizer, metrics=metrics, extra=lambda d: write_log(d / LOG_NAME, rows))

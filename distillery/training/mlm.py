@@ -1,0 +1,115 @@
+"""Masked-language-model pre-training (BERT, Devlin et al. 2019, section 3.1 "Task #1: Masked LM").
+
+Used for a teacher trained from scratch or continued from a checkpoint (e.g. an encoder without an MLM head:
+`AutoModelForMaskedLM.from_pretrained` adds a freshly initialised head and training continues from there).
+Masking is dynamic (`DataCollatorForLanguageModeling`: 15% of tokens, 80/10/10 [MASK]/random/keep).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import datasets
+from transformers import (
+    AutoModelForMaskedLM,
+    DataCollatorForLanguageModeling,
+    PreTrainedModel,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
+
+from distillery.training.args import training_arguments
+from distillery.training.log import LOG_NAME, rows_from_state, write_log
+from distillery.training.saving import checkpoint_dir, last_checkpoint, save_final
+
+
+def tokenize_texts(
+    texts: Iterable[str] | datasets.Dataset,
+    tokenizer,
+    max_length: int = 128,
+    *,
+    pack: bool = False,
+    text_column: str = "text",
+) -> datasets.Dataset:
+    """Turn raw texts into a dataset of `input_ids` (+ attention/token-type ids) for MLM.
+
+    `pack=False`: one sequence per text, truncated to `max_length`. `pack=True`: texts are concatenated and cut
+    into blocks of `max_length` tokens, each wrapped in [CLS] ... [SEP] (no padding wasted).
+    Empty / whitespace-only texts are dropped. A dataset that already has `input_ids` is returned as is.
+    """
+    if isinstance(texts, datasets.Dataset):
+        if "input_ids" in texts.column_names:
+            return texts
+        if text_column not in texts.column_names:
+            raise KeyError(f"dataset has no column {text_column!r} (columns: {texts.column_names})")
+        texts = texts[text_column]
+    lines = [t for t in texts if isinstance(t, str) and t.strip()]
+    if not lines:
+        raise ValueError("no non-empty texts to train on")
+    if not pack:
+        enc = tokenizer(lines, truncation=True, max_length=max_length)
+        return datasets.Dataset.from_dict(dict(enc))
+    body = max_length - 2
+    if body < 1:
+        raise ValueError(f"max_length={max_length} leaves no room for tokens between [CLS] and [SEP]")
+    ids = [i for piece in tokenizer(lines, add_special_tokens=False)["input_ids"] for i in piece]
+    blocks = [ids[i : i + body] for i in range(0, len(ids), body)]
+    cls = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+    sep = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+    if cls is None or sep is None:
+        raise ValueError("pack=True needs a tokenizer with [CLS]/[SEP] (or BOS/EOS) tokens")
+    seqs = [[cls, *b, sep] for b in blocks]
+    return datasets.Dataset.from_dict(
+        {"input_ids": seqs, "attention_mask": [[1] * len(s) for s in seqs]}
+    )
+
+
+def train_mlm(
+    model: PreTrainedModel | str | os.PathLike,
+    tokenizer,
+    train_data: Sequence[str] | datasets.Dataset,
+    output_dir: str | os.PathLike,
+    *,
+    eval_data: Sequence[str] | datasets.Dataset | None = None,
+    max_length: int = 128,
+    pack: bool = False,
+    mlm_probability: float = 0.15,
+    args: Mapping[str, Any] | TrainingArguments | None = None,
+    callbacks: Sequence[TrainerCallback] = (),
+    resume: bool = True,
+    **overrides: Any,
+) -> Path:
+    """Pre-train (or continue pre-training) `model` with the MLM objective; return `output_dir/model`.
+
+    `model` is an MLM-headed model or a path/Hub name loaded with `AutoModelForMaskedLM` (a checkpoint without
+    an MLM head gets a fresh one). Trainer checkpoints go to `output_dir/checkpoints`; with `resume=True`
+    training continues from the newest one there. The final model, tokenizer and per-step `train_log.csv`
+    (step, loss, ...) are written atomically to `output_dir/model`.
+    """
+    if not (0.0 < mlm_probability < 1.0):
+        raise ValueError(f"mlm_probability must be in (0, 1), got {mlm_probability}")
+    if not isinstance(model, PreTrainedModel):
+        path = Path(model)
+        if not path.exists() and os.sep in str(model):
+            raise FileNotFoundError(f"model directory not found: {path}")
+        model = AutoModelForMaskedLM.from_pretrained(str(model))
+    train_ds = tokenize_texts(train_data, tokenizer, max_length, pack=pack)
+    eval_ds = tokenize_texts(eval_data, tokenizer, max_length, pack=pack) if eval_data is not None else None
+    targs = training_arguments(checkpoint_dir(output_dir), args, **overrides)
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=mlm_probability, seed=targs.seed)
+    trainer = Trainer(
+        model=model,
+        args=targs,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        data_collator=collator,
+        processing_class=tokenizer,
+        callbacks=list(callbacks),
+    )
+    trainer.train(resume_from_checkpoint=last_checkpoint(output_dir) if resume else None)
+    metrics = trainer.evaluate() if eval_ds is not None else None
+    rows = rows_from_state(trainer.state.log_history)
+    return save_final(output_dir, trainer.model, tokenizer, metrics=metrics, extra=lambda d: write_log(d / LOG_NAME, rows))

@@ -1,0 +1,92 @@
+"""MLM pre-training and fine-tuning loops: they train, resume, select the best checkpoint, export cleanly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+
+from distillery.training import args as targs_mod
+from distillery.training.finetune import finetune
+from distillery.training.log import read_log
+from distillery.training.metrics import accuracy
+from distillery.training.mlm import tokenize_texts, train_mlm
+from distillery.training.saving import last_checkpoint
+
+from test_training_utils import one_thread, FAST, bert_config, classifier, encoded, sentences, tokenizer
+
+
+def test_unknown_training_option_is_named(tmp_path):
+    with pytest.raises(targs_mod.TrainArgsError, match="learnin_rate"):
+        targs_mod.training_arguments(tmp_path, {"learnin_rate": 1e-3})
+
+
+def test_tokenize_texts_pack_fills_blocks(tmp_path):
+    tok = tokenizer(tmp_path)
+    texts, _ = sentences(20, seed=1)
+    ds = tokenize_texts(texts, tok, max_length=12, pack=True)
+    lengths = [len(x) for x in ds["input_ids"]]
+    assert all(n == 12 for n in lengths[:-1]) and lengths[-1] <= 12
+    assert all(x[0] == tok.cls_token_id and x[-1] == tok.sep_token_id for x in ds["input_ids"])
+    with pytest.raises(ValueError, match="no non-empty"):
+        tokenize_texts(["", "  "], tok)
+
+
+def test_train_mlm_lowers_loss_and_resumes(tmp_path):
+    tok = tokenizer(tmp_path)
+    texts, _ = sentences(64, seed=2)
+    torch.manual_seed(0)
+    model = transformers.BertForMaskedLM(bert_config(tok.vocab_size, 2))
+    out = tmp_path / "mlm"
+    opts = dict(FAST, per_device_train_batch_size=16, learning_rate=3e-3, save_strategy="steps", save_steps=8,
+                logging_steps=1)
+    final = train_mlm(model, tok, texts, out, max_steps=8, mlm_probability=0.3, **opts)
+    log = read_log(final / "train_log.csv")
+    losses = [r["loss"] for r in log if "loss" in r]
+    assert len(losses) == 8
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
+    assert last_checkpoint(out).endswith("checkpoint-8")
+    # resume: continue the same run to 12 steps from checkpoint-8; the log keeps all 12 steps
+    model2 = transformers.BertForMaskedLM(bert_config(tok.vocab_size, 2))
+    final = train_mlm(model2, tok, texts, out, max_steps=12, mlm_probability=0.3, **opts)
+    steps = [int(r["step"]) for r in read_log(final / "train_log.csv") if "loss" in r]
+    assert steps == list(range(1, 13))
+    reloaded = transformers.AutoModelForMaskedLM.from_pretrained(final)
+    assert torch.equal(reloaded.bert.embeddings.word_embeddings.weight, model2.bert.embeddings.word_embeddings.weight)
+    assert (final / "model.safetensors").is_file()
+    assert transformers.AutoTokenizer.from_pretrained(final)("the cat")["input_ids"] == tok("the cat")["input_ids"]
+
+
+def test_train_mlm_adds_head_to_headless_checkpoint(tmp_path):
+    tok = tokenizer(tmp_path)
+    torch.manual_seed(0)
+    base = transformers.BertModel(bert_config(tok.vocab_size, 1))
+    base.save_pretrained(tmp_path / "encoder")
+    texts, _ = sentences(16, seed=3)
+    final = train_mlm(tmp_path / "encoder", tok, texts, tmp_path / "out", max_steps=2,
+                      per_device_train_batch_size=8, **FAST)
+    model = transformers.AutoModelForMaskedLM.from_pretrained(final)
+    assert isinstance(model, transformers.BertForMaskedLM)
+    with pytest.raises(FileNotFoundError, match="missing"):
+        train_mlm(tmp_path / "missing", tok, texts, tmp_path / "o2", max_steps=1, **FAST)
+
+
+def test_finetune_keeps_best_checkpoint(tmp_path):
+    tok = tokenizer(tmp_path)
+    train, dev = encoded(tok, 256, seed=4), encoded(tok, 96, seed=5)
+    model = classifier(tok.vocab_size, 2)
+    final = finetune(model, train, dev, tmp_path / "ft", compute_metrics=accuracy, main_score="accuracy",
+                     tokenizer=tok, num_train_epochs=4, learning_rate=3e-3, per_device_train_batch_size=16,
+                     **FAST)
+    metrics = json.loads((final / "metrics.json").read_text())
+    evals = [r for r in read_log(final / "train_log.csv") if "eval_main" in r]
+    assert sorted({r["epoch"] for r in evals}) == [1.0, 2.0, 3.0, 4.0]
+    assert metrics["eval_main"] == pytest.approx(max(r["eval_main"] for r in evals))
+    assert metrics["eval_accuracy"] > 0.9
+    reloaded = transformers.AutoModelForSequenceClassification.from_pretrained(final)
+    batch = dev.with_format("torch")[:8]
+    with torch.no_grad():
+        logits = reloaded(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    assert logits.shape == (8, 2)
