@@ -1,0 +1,157 @@
+"""Latency and throughput of several models measured side by side in one process.
+
+The headline speedups of the seeds (TinyBERT4 "9.4x faster", MobileBERT "5.5x", DistilBERT "60%
+faster") are wall-clock ratios against BERT-base. Here every model is timed interleaved
+(A B C A B C ...) after a warm-up, so that load from other processes and CPU frequency drift hit all
+of them alike; the median of the repetitions is reported. CPU runs use torch.get_num_threads()
+threads; on CUDA the device is synchronised around every call.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class LatencyResult:
+    """Timing of one model: median/mean/p90 latency per batch in milliseconds and throughput."""
+
+    name: str
+    batch: int
+    seq_len: int
+    reps: int
+    median_ms: float
+    mean_ms: float
+    p90_ms: float
+    throughput: float  # examples per second at the median latency
+    speedup: float | None  # reference median / this median; None without a reference
+    device: str
+    threads: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _vocab_size(model: nn.Module) -> int:
+    cfg = getattr(model, "config", None)
+    return int(getattr(cfg, "vocab_size", 1000)) if cfg is not None else 1000
+
+
+def _accepts(model: nn.Module, name: str) -> bool:
+    import inspect
+
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def make_inputs(batch: int, seq_len: int, vocab_size: int, *, seed: int = 0,
+                token_type_ids: bool = True) -> dict[str, torch.Tensor]:
+    """Random full-length int64 inputs (input_ids, attention_mask, [token_type_ids]) of shape (batch, seq_len)."""
+    if batch < 1 or seq_len < 1:
+        raise ValueError(f"batch and seq_len must be >= 1, got batch={batch}, seq_len={seq_len}")
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, max(2, vocab_size), (batch, seq_len), generator=g)
+    out = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if token_type_ids:
+        out["token_type_ids"] = torch.zeros_like(ids)
+    return out
+
+
+def _runner(obj: Any, batch: int, seq_len: int, device: torch.device) -> Callable[[], Any]:
+    """Turn a model, an onnxruntime session or a zero-argument callable into a zero-argument callable."""
+    if isinstance(obj, nn.Module):
+        model = obj.to(device).eval()
+        inputs = make_inputs(batch, seq_len, _vocab_size(model),
+                             token_type_ids=_accepts(model, "token_type_ids"))
+        inputs = {k: v.to(device) for k, v in inputs.items() if _accepts(model, k) or k == "input_ids"}
+
+        def run_module() -> Any:
+            with torch.inference_mode():
+                return model(**inputs)
+
+        return run_module
+    session = getattr(obj, "session", obj)  # distillery.efficiency.export.OnnxModel or a raw session
+    if hasattr(session, "run") and hasattr(session, "get_inputs"):  # onnxruntime.InferenceSession
+        names = [i.name for i in session.get_inputs()]
+        vocab = getattr(obj, "vocab_size", None) or 1000  # token ids do not change the timing
+        feeds = {k: v.numpy() for k, v in make_inputs(batch, seq_len, vocab).items() if k in names}
+        missing = [n for n in names if n not in feeds]
+        if missing:
+            raise ValueError(f"cannot build inputs {missing} for the ONNX session")
+        return lambda: session.run(None, feeds)
+    if callable(obj):
+        return obj
+    raise TypeError(f"cannot time an object of type {type(obj).__name__}: pass an nn.Module, "
+                    "an onnxruntime.InferenceSession or a zero-argument callable")
+
+
+def measure_latency(models: Mapping[str, Any], *, batch: int = 1, seq_len: int = 128, reps: int = 20,
+                    warmup: int = 3, reference: str | None = None,
+                    device: str | torch.device | None = None) -> dict[str, LatencyResult]:
+    """Time every model interleaved in one process and return {name: LatencyResult}.
+
+    `models` values: an nn.Module (fed random (batch, seq_len) inputs drawn from its vocabulary), an
+    onnxruntime.InferenceSession (fed the same shapes by input name), or a zero-argument callable
+    that runs one batch (its batch size is taken to be `batch`). `reference` names the model the
+    speedups are relative to (default: the first). `device` "cpu"/"cuda" (default: cuda if present,
+    only applied to nn.Modules).
+    """
+    if not models:
+        raise ValueError("measure_latency needs at least one model")
+    if reps < 1 or warmup < 0:
+        raise ValueError(f"reps must be >= 1 and warmup >= 0, got reps={reps}, warmup={warmup}")
+    if reference is not None and reference not in models:
+        raise KeyError(f"reference model {reference!r} is not among {sorted(models)}")
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = dev.type == "cuda"
+    runners = {name: _runner(obj, batch, seq_len, dev) for name, obj in models.items()}
+
+    def timed(fn: Callable[[], Any]) -> float:
+        if cuda:
+            torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize(dev)
+        return time.perf_counter() - t0
+
+    for _ in range(warmup):
+        for fn in runners.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for r in range(reps):
+        order = list(runners) if r % 2 == 0 else list(reversed(list(runners)))  # ABC CBA: no fixed position bias
+        for name in order:
+            times[name].append(timed(runners[name]))
+    ref_name = reference if reference is not None else next(iter(models))
+    ref_median = statistics.median(times[ref_name])
+    threads = torch.get_num_threads()
+    results = {}
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        results[name] = LatencyResult(
+            name=name, batch=batch, seq_len=seq_len, reps=reps, median_ms=1000 * med,
+            mean_ms=1000 * statistics.fmean(ts), p90_ms=1000 * float(np.percentile(ts, 90)),
+            throughput=batch / med if med > 0 else float("inf"),
+            speedup=ref_median / med if med > 0 else None, device=str(dev), threads=threads)
+    return results
+
+
+def latency_table(results: Mapping[str, LatencyResult]) -> str:
+    """A Markdown table of LatencyResults (one row per model)."""
+    lines = ["| model | batch | seq | median ms | p90 ms | examples/s | speedup |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in results.values():
+        sp = f"{r.speedup:.1f}x" if r.speedup is not None else "-"
+        lines.append(f"| {r.name} | {r.batch} | {r.seq_len} | {r.median_ms:.2f} | {r.p90_ms:.2f} | "
+                     f"{r.throughput:.1f} | {sp} |")
+    return "\n".join(lines) + "\n"

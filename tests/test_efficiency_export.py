@@ -1,0 +1,117 @@
+"""ONNX export with dynamic axes matches PyTorch; int8 quantisation stays close; batched prediction."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from distillery.efficiency import (ExportError, OnnxModel, check_onnx, export_onnx, load_model_for_export,
+                                   predict_torch, quantize_onnx, quantize_torch)
+
+
+def tiny_bert_classifier(num_labels=3):
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=64, max_position_embeddings=64, num_labels=num_labels)
+    return transformers.BertForSequenceClassification(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    d = tmp_path_factory.mktemp("student")
+    model = tiny_bert_classifier()
+    model.save_pretrained(d / "model")
+    result = export_onnx(d / "model", d / "model.onnx")  # from a saved directory, as the pipeline does
+    return model, result, d
+
+
+def test_onnx_matches_pytorch_logits_with_dynamic_axes(exported):
+    model, result, d = exported
+    assert result.output_name == "logits" and result.input_names == ("input_ids", "attention_mask", "token_type_ids")
+    assert result.max_abs_diff is not None and result.max_abs_diff <= 1e-4
+    onnx_model = OnnxModel(result.path)
+    for batch, seq in [(1, 5), (4, 23)]:  # shapes other than the traced (2, 8)
+        ids = torch.randint(1, 120, (batch, seq))
+        mask = torch.ones_like(ids)
+        mask[0, seq // 2:] = 0
+        with torch.inference_mode():
+            ref = model(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids)).logits.numpy()
+        got = onnx_model(input_ids=ids.numpy(), attention_mask=mask.numpy())
+        assert got.shape == (batch, 3)
+        assert np.abs(got - ref).max() <= 1e-4
+
+
+def test_check_onnx_detects_a_different_model(exported):
+    _, result, _ = exported
+    other = tiny_bert_classifier()
+    with torch.no_grad():
+        other.classifier.bias += 1.0
+    assert check_onnx(other, result.path) > 0.5
+
+
+def test_batched_predict_pads_like_a_collator(exported):
+    model, result, _ = exported
+    feats = {"input_ids": [[2, 5, 6, 7], [3, 4], [9] * 9, [11, 12, 13]]}
+    a = OnnxModel(result.path).predict(feats, batch_size=3)
+    b = predict_torch(model, feats, batch_size=2)
+    assert a.shape == (4, 3)
+    assert np.abs(a - b).max() <= 1e-4
+    # a row's output does not depend on its batch-mates (padding is masked)
+    single = OnnxModel(result.path).predict({"input_ids": [[3, 4]]})
+    assert np.abs(single[0] - a[1]).max() <= 1e-4
+
+
+def test_int8_onnx_and_torch_quantisation_stay_close(exported, tmp_path):
+    model, result, _ = exported
+    q = quantize_onnx(result.path, tmp_path / "model.int8.onnx")
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(q)).graph.node}
+    assert "MatMulInteger" in ops or "DynamicQuantizeMatMul" in ops  # int8 weight matmuls
+    assert q.stat().st_size < result.bytes
+    feats = {"input_ids": [[2, 5, 6, 7, 8, 9], [3, 4, 5]]}
+    ref = predict_torch(model, feats)
+    onnx_int8 = OnnxModel(q).predict(feats)
+    torch_int8 = predict_torch(quantize_torch(model), feats)
+    for got in (onnx_int8, torch_int8):
+        diff = np.abs(got - ref).max()
+        assert 0 < diff < 0.05  # quantised (not identical) yet close
+    assert any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in quantize_torch(model).modules())
+
+
+def test_distilbert_exports_without_token_types(tmp_path):
+    torch.manual_seed(0)
+    cfg = transformers.DistilBertConfig(vocab_size=100, dim=32, n_layers=2, n_heads=2, hidden_dim=64,
+                                        max_position_embeddings=64)
+    result = export_onnx(transformers.DistilBertForSequenceClassification(cfg), tmp_path / "d.onnx")
+    assert result.input_names == ("input_ids", "attention_mask")
+    assert result.max_abs_diff <= 1e-4
+
+
+def test_dynamo_exporter(tmp_path):
+    result = export_onnx(tiny_bert_classifier(2), tmp_path / "m.onnx", exporter="dynamo", opset=18)
+    assert result.max_abs_diff <= 1e-4
+
+
+def test_export_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        export_onnx(tmp_path / "nowhere", tmp_path / "x.onnx")
+    with pytest.raises(ExportError, match="exporter"):
+        export_onnx(tiny_bert_classifier(), tmp_path / "x.onnx", exporter="tf")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    with pytest.raises(ExportError, match="config.json"):
+        load_model_for_export(bad)
+    with pytest.raises(FileNotFoundError):
+        quantize_onnx(tmp_path / "missing.onnx", tmp_path / "q.onnx")
+    assert not (tmp_path / "x.onnx").exists()
+
+
+def test_load_uses_saved_architecture(tmp_path):
+    model = tiny_bert_classifier()
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["BertForSequenceClassification"]
+    assert type(load_model_for_export(tmp_path)).__name__ == "BertForSequenceClassification"

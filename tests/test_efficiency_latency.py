@@ -1,0 +1,43 @@
+"""Interleaved latency measurement: medians, throughput, speedup against a reference."""
+
+import time
+
+import pytest
+import torch
+import transformers
+
+from distillery.efficiency import LatencyResult, latency_table, measure_latency
+
+
+def test_callables_speedup_reflects_their_cost():
+    results = measure_latency({"slow": lambda: time.sleep(0.02), "fast": lambda: time.sleep(0.002)},
+                              batch=4, reps=5, warmup=1)
+    slow, fast = results["slow"], results["fast"]
+    assert isinstance(slow, LatencyResult)
+    assert slow.speedup == pytest.approx(1.0)
+    assert fast.speedup > 3
+    assert slow.median_ms >= 20
+    assert fast.throughput == pytest.approx(4 / (fast.median_ms / 1000))
+    assert slow.threads == torch.get_num_threads()
+    table = latency_table(results)
+    assert "| fast | 4 |" in table and "x |" in table
+
+
+def test_models_are_fed_inputs_of_the_requested_shape():
+    cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, max_position_embeddings=32)
+    model = transformers.BertModel(cfg)
+    seen = []
+    model.register_forward_hook(lambda m, args, kwargs, out: seen.append(kwargs["input_ids"].shape), with_kwargs=True)
+    res = measure_latency({"bert": model}, batch=3, seq_len=7, reps=2, warmup=1, device="cpu")
+    assert seen and all(tuple(s) == (3, 7) for s in seen)
+    assert res["bert"].device == "cpu" and res["bert"].seq_len == 7
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        measure_latency({})
+    with pytest.raises(KeyError, match="nope"):
+        measure_latency({"a": lambda: None}, reference="nope")
+    with pytest.raises(TypeError, match="int"):
+        measure_latency({"a": 3}, reps=1)
