@@ -43,16 +43,18 @@ def evaluate_model(
     model_dir: str | os.PathLike, task: str, data: datasets.DatasetDict, *, max_length: int,
     batch_size: int = 64,
 ) -> tuple[dict[str, float], np.ndarray | None]:
-    """Dev metrics (GLUE names) and test predictions (None when the task has no test split)."""
+    """Dev metrics (GLUE names; {} without a dev split) and test predictions (None without a test split)."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model directory not found: {model_dir}")
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForSequenceClassification.from_pretrained(str(model_dir))
     encoded = glue.encode(data, tokenizer, task, max_length)
-    dev = encoded["dev"]
-    metrics = glue.compute_metrics(task, as_predictions(task, predict_logits(model, tokenizer, dev, batch_size=batch_size)),
-                                   np.asarray(dev["labels"]))
+    metrics: dict[str, float] = {}
+    if "dev" in encoded:
+        dev = encoded["dev"]
+        logits = predict_logits(model, tokenizer, dev, batch_size=batch_size)
+        metrics = glue.compute_metrics(task, as_predictions(task, logits), np.asarray(dev["labels"][:]))
     test = None
     if "test" in encoded:
         test = as_predictions(task, predict_logits(model, tokenizer, encoded["test"], batch_size=batch_size))

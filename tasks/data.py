@@ -17,6 +17,17 @@ def _subset(ds, n: int | None, seed: int):
     return ds if n is None or len(ds) <= n else ds.shuffle(seed=seed).select(range(n))
 
 
+def _load(p: Params, task: str):
+    from distillery import glue
+
+    return glue.load_local(task, resolve(p.data.glue_dir)) if p.data.source == "local" else glue.load_hub(task)
+
+
+def extra_split(task: str, split: str) -> str:
+    """Split name, inside the MNLI data, of another task's split (e.g. mnli_mm__dev)."""
+    return f"{task.replace('-', '_')}__{split}"
+
+
 def run_prepare_task(p: Params, task: str) -> dict[str, Any]:
     from distillery import demo, glue
 
@@ -25,13 +36,15 @@ def run_prepare_task(p: Params, task: str) -> dict[str, Any]:
         demo.make_demo_task(raw / task, n_train=p.data.demo_train, n_dev=p.data.demo_dev,
                             n_test=p.data.demo_test, seed=p.seed)
         dsd = glue.load_local(task, raw)
-    elif p.data.source == "local":
-        dsd = glue.load_local(task, p.data.glue_dir)
     else:
-        dsd = glue.load_hub(task)
+        dsd = _load(p, task)
+        # MNLI's model also predicts MNLI-mm and AX (no training data of their own): keep their splits.
+        for extra in glue.tasks_evaluated_with(task)[1:]:
+            for split, ds in _load(p, extra).items():
+                dsd[extra_split(extra, split)] = ds
     if "train" in dsd:
         dsd["train"] = _subset(dsd["train"], p.data.max_train_examples, p.seed)
-    for split in [s for s in dsd if s != "train"]:
+    for split in [s for s in dsd if s != "train" and not s.endswith("test")]:  # test stays whole: the GLUE server wants every row
         dsd[split] = _subset(dsd[split], p.data.max_eval_examples, p.seed)
     out = paths.task_data(task)
     with atomic_dir(out) as tmp:
@@ -48,6 +61,12 @@ def run_prepare_corpus(p: Params, _: str | None) -> dict[str, Any]:
     else:
         sources = _corpus_files(p)
     return corpus.prepare_corpus(sources, paths.corpus(), max_sentences=p.corpus.max_sentences)
+
+
+def _local_task_dir(p: Params, task: str) -> Path:
+    from distillery import glue
+
+    return glue.task_dir(task, resolve(p.data.glue_dir))
 
 
 def _corpus_files(p: Params) -> list[Path]:
@@ -98,7 +117,7 @@ def _vectors_out(p: Params) -> Path:
 
 PREPARE_TASK = Stage(
     "prepare_task", run_prepare_task,
-    deps=lambda p, t: [] if p.data.source != "local" else [resolve(p.data.glue_dir)],
+    deps=lambda p, t: [] if p.data.source != "local" else [_local_task_dir(p, t)],
     outs=lambda p, t: [paths.task_data(t)],
     params=lambda p, t: {"seed": p.seed, "data": p.data.model_dump(mode="json")},
 )

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks import paths
+from tasks.data import extra_split
 from tasks.stage import Stage
 from tasks.teacher import load_task
 
@@ -22,6 +23,7 @@ def evaluated_models(p: Params, task: str) -> dict[str, Path]:
 
 
 def run_evaluate(p: Params, task: str) -> dict[str, Any]:
+    from datasets import DatasetDict
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     from distillery import glue
@@ -43,7 +45,15 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
             "main": glue.main_score(task, metrics),
         }
         if test_predictions is not None and spec.submission_file:
-            glue.write_submission(task, test_predictions, paths.submission() / name)
+            glue.write_submission(task, test_predictions, paths.submission() / name, indices=data["test"]["idx"][:])
+        for extra in glue.tasks_evaluated_with(task)[1:]:  # MNLI-mm and AX from the MNLI model
+            extra_data = DatasetDict({s: data[extra_split(extra, s)] for s in ("dev", "test")
+                                      if extra_split(extra, s) in data})
+            extra_metrics, extra_test = evaluate_model(model_dir, extra, extra_data, max_length=p.data.max_length)
+            results[name].update({f"{extra}.{k}": v for k, v in extra_metrics.items()})
+            if extra_test is not None:
+                glue.write_submission(extra, extra_test, paths.submission() / name,
+                                      indices=extra_data["test"]["idx"][:])
     if p.evaluation.latency:
         results = _add_latency(p, task, results)
     write_json(paths.evaluation(task), results)

@@ -20,7 +20,7 @@ def train_options(s: TrainSection, seed: int, **extra: Any) -> dict[str, Any]:
         "learning_rate": s.lr,
         "per_device_train_batch_size": s.batch_size,
         "per_device_eval_batch_size": max(s.batch_size, 64),
-        "warmup_ratio": s.warmup_ratio,
+        "warmup_steps": s.warmup_ratio,  # transformers 5: a float in [0, 1) is a ratio of total steps
         "weight_decay": s.weight_decay,
         "max_steps": s.max_steps,
         "seed": seed,
@@ -49,7 +49,7 @@ def run_pretrain(p: Params, _: str | None) -> dict[str, Any]:
 
     from distillery import corpus
     from distillery.models import build_student, resolve_shape
-    from distillery.training import train_mlm
+    from distillery.training.mlm import train_mlm
 
     out = paths.teacher_mlm()
     if p.teacher.init == "scratch":
@@ -92,7 +92,7 @@ def run_finetune_teacher(p: Params, task: str) -> dict[str, Any]:
 
     from distillery import glue
     from distillery.models import load_teacher
-    from distillery.training import finetune
+    from distillery.training.finetune import finetune
 
     spec = glue.get_task(task)
     source = teacher_source(p)
