@@ -36,7 +36,7 @@ def run_augment(p: Params, task: str) -> dict[str, Any]:
     if torch.cuda.is_available():
         mlm = mlm.cuda()
     vectors = load_word_vectors(vectors_path(p), max_words=p.word_vectors.max_words,
-                                cache_dir=paths.DATA / "word_vectors" / "cache")
+                                cache_dir=paths.word_vectors_dir() / "cache")
     train = load_task(task)["train"]
     if p.augment.max_examples is not None and len(train) > p.augment.max_examples:
         train = train.select(range(p.augment.max_examples))

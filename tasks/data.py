@@ -85,18 +85,18 @@ def _corpus_files(p: Params) -> list[Path]:
 
 
 def run_word_vectors(p: Params, _: str | None) -> dict[str, Any]:
+    """Learn vectors from the corpus, or take a GloVe/word2vec file; either way build the binary cache
+    that augmentation reloads (so augmentation never writes into this stage's output)."""
     from distillery import corpus
-
-    if p.word_vectors.source == "corpus":
-        return corpus.learn_word_vectors(paths.corpus(), paths.word_vectors(), dim=p.word_vectors.dim)
-    # A GloVe/word2vec file: load it once (validates every line, builds the binary cache) and record it.
     from distillery.augment import load_word_vectors
 
-    vectors = load_word_vectors(resolve(p.word_vectors.path), max_words=p.word_vectors.max_words,
-                                cache_dir=paths.DATA / "word_vectors" / "cache")
-    info = {"source": str(resolve(p.word_vectors.path)), "words": len(vectors), "dim": vectors.dim}
-    write_json(paths.word_vectors().with_suffix(".json"), info)
-    return info
+    if p.word_vectors.source == "corpus":
+        corpus.learn_word_vectors(paths.corpus(), paths.word_vectors(), dim=p.word_vectors.dim)
+    source = vectors_path(p)
+    vectors = load_word_vectors(source, max_words=p.word_vectors.max_words, cache_dir=paths.word_vectors_dir() / "cache")
+    info = {"source": str(source), "words": len(vectors), "dim": vectors.dim}
+    write_json(paths.word_vectors_dir() / "vectors.json", info)
+    return {"metrics": {"words": len(vectors), "dim": vectors.dim}}
 
 
 def resolve(path: str | None) -> Path:
@@ -109,10 +109,6 @@ def resolve(path: str | None) -> Path:
 
 def vectors_path(p: Params) -> Path:
     return paths.word_vectors() if p.word_vectors.source == "corpus" else resolve(p.word_vectors.path)
-
-
-def _vectors_out(p: Params) -> Path:
-    return paths.word_vectors() if p.word_vectors.source == "corpus" else paths.word_vectors().with_suffix(".json")
 
 
 PREPARE_TASK = Stage(
@@ -130,6 +126,6 @@ PREPARE_CORPUS = Stage(
 WORD_VECTORS = Stage(
     "word_vectors", run_word_vectors,
     deps=lambda p, _: [paths.corpus()] if p.word_vectors.source == "corpus" else [resolve(p.word_vectors.path)],
-    outs=lambda p, _: [_vectors_out(p)],
+    outs=lambda p, _: [paths.word_vectors_dir()],
     params=lambda p, _: {"word_vectors": p.word_vectors.model_dump(mode="json")},
 )

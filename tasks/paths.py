@@ -25,8 +25,12 @@ def corpus() -> Path:
     return DATA / "corpus" / "sentences.txt"
 
 
+def word_vectors_dir() -> Path:
+    return DATA / "word_vectors"
+
+
 def word_vectors() -> Path:
-    return DATA / "word_vectors" / "vectors.txt"
+    return word_vectors_dir() / "vectors.txt"
 
 
 def teacher_mlm() -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +55,11 @@ def run_pretrain(p: Params, _: str | None) -> dict[str, Any]:
     out = paths.teacher_mlm()
     if p.teacher.init == "scratch":
         if p.teacher.tokenizer in (None, "demo"):
-            tok_dir = corpus.train_wordpiece(paths.corpus(), out / "tokenizer", vocab_size=p.teacher.vocab_size)
+            with tempfile.TemporaryDirectory() as tmp:  # saved with the model by train_mlm
+                tokenizer = AutoTokenizer.from_pretrained(str(corpus.train_wordpiece(
+                    paths.corpus(), Path(tmp) / "tokenizer", vocab_size=p.teacher.vocab_size)))
         else:
-            tok_dir = resolve(p.teacher.tokenizer)
-        tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
+            tokenizer = AutoTokenizer.from_pretrained(str(resolve(p.teacher.tokenizer)))
         model = build_student(resolve_shape(p.teacher.shape.as_spec()), len(tokenizer), head="mlm")
     else:
         source = teacher_name(p)
