@@ -1,0 +1,41 @@
+"""Serve the pipeline on a schedule (one long-lived process; works offline):
+
+    python -m flows.deploy --cron "0 3 * * *" [--params params.yaml | --preset local]
+
+Each scheduled run executes `flows.pipeline.pipeline` with the chosen params file; unchanged stages hit the
+Prefect cache, so a nightly run only recomputes what new data, code or params changed. For a Prefect server
+with workers instead, see the README ("Schedule").
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tasks import env  # noqa: F401
+
+from distillery.config import ConfigError, load_params
+from flows.pipeline import params_path, pipeline
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.deploy", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--name", default="nightly")
+    parser.add_argument("--cron", default="0 3 * * *", help="cron schedule (default: 03:00 every day)")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--params")
+    group.add_argument("--preset")
+    args = parser.parse_args(argv)
+    try:
+        path = params_path(args.params, args.preset)
+        load_params(path)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    pipeline.serve(name=args.name, cron=args.cron, parameters={"params_file": path})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
