@@ -185,8 +185,7 @@ class EvaluationSection(Section):
     latency: bool = True
     latency_batch_sizes: list[int] = Field(default_factory=lambda: [1, 32])
     latency_seq_len: int = Field(128, ge=8, le=512)
-    export_onnx: bool = True
-    quantize: bool = True
+    export_onnx: bool = True  # ONNX + int8 (ONNX Runtime dynamic quantisation) of every student
 
 
 class RegistrySection(Section):

@@ -54,24 +54,58 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
             if extra_test is not None:
                 glue.write_submission(extra, extra_test, paths.submission() / name,
                                       indices=extra_data["test"]["idx"][:])
+    sessions = {}
+    if p.evaluation.export_onnx:
+        for name in p.students:
+            sessions[f"{name}-int8"] = _export(p, task, name, data, results[name])
     if p.evaluation.latency:
-        results = _add_latency(p, task, results)
+        results = _add_latency(p, task, results, sessions)
     write_json(paths.evaluation(task), results)
     return {"metrics": {f"{m}.{k}": v for m, r in results.items() for k, v in r.items() if isinstance(v, (int, float))}}
 
 
-def _add_latency(p: Params, task: str, results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _export(p: Params, task: str, student: str, data, result: dict[str, Any]):
+    """ONNX export (checked against PyTorch) and int8 dynamic quantisation of a student, with the int8
+    model's dev metrics next to the fp32 ones; returns the int8 ONNX Runtime session for timing."""
+    from transformers import AutoTokenizer
+
+    from distillery import glue
+    from distillery.efficiency import OnnxModel, disk_size_bytes, export_onnx, quantize_onnx
+    from distillery.evaluation import as_predictions
+
+    model_dir = paths.student(student, task) / "model"
+    out = paths.export(student, task)
+    exported = export_onnx(model_dir, out / "model.onnx")
+    int8_path = quantize_onnx(out / "model.onnx", out / "model.int8.onnx")
+    int8 = OnnxModel(int8_path)
+    dev = glue.encode(data, AutoTokenizer.from_pretrained(str(model_dir)), task, p.data.max_length)["dev"]
+    features = {c: dev[c][:] for c in ("input_ids", "attention_mask", "token_type_ids") if c in dev.column_names}
+    metrics = glue.compute_metrics(task, as_predictions(task, int8.predict(features)), dev["labels"][:])
+    result.update({
+        "onnx_max_abs_diff": exported.max_abs_diff,
+        "bytes_fp32_onnx": disk_size_bytes(out / "model.onnx"),
+        "bytes_int8_onnx": disk_size_bytes(int8_path),
+        **{f"int8_{k}": v for k, v in metrics.items()},
+        "int8_main_change": glue.main_score(task, metrics) - result["main"],
+    })
+    return int8.session
+
+
+def _add_latency(p: Params, task: str, results: dict[str, dict[str, Any]], sessions: dict[str, Any]) -> dict[str, dict[str, Any]]:
     from transformers import AutoModelForSequenceClassification
 
     from distillery.efficiency import measure_latency
 
     models = {name: AutoModelForSequenceClassification.from_pretrained(str(d)).eval()
               for name, d in evaluated_models(p, task).items()}
+    models.update(sessions)
     for batch in p.evaluation.latency_batch_sizes:
-        table = measure_latency(models, batch_size=batch, seq_len=p.evaluation.latency_seq_len, reference="teacher")
+        table = measure_latency(models, batch=batch, seq_len=p.evaluation.latency_seq_len, reps=10,
+                                reference="teacher")
         for name, row in table.items():
-            results[name][f"latency_ms_b{batch}"] = row["median_ms"]
-            results[name][f"speedup_b{batch}"] = row["speedup"]
+            target, suffix = (name[: -len("-int8")], "_int8") if name in sessions else (name, "")
+            results[target][f"latency_ms_b{batch}{suffix}"] = round(row.median_ms, 3)
+            results[target][f"speedup_b{batch}{suffix}"] = round(row.speedup, 3)
     return results
 
 
@@ -113,7 +147,7 @@ def _summary(p: Params) -> dict[str, Any]:
 EVALUATE = Stage(
     "evaluate", run_evaluate,
     deps=lambda p, t: [paths.task_data(t), *evaluated_models(p, t).values()],
-    outs=lambda p, t: [paths.evaluation(t)],
+    outs=lambda p, t: [paths.evaluation(t)] + ([paths.export(s, t) for s in p.students] if p.evaluation.export_onnx else []),
     params=lambda p, t: {"max_length": p.data.max_length, "evaluation": p.evaluation.model_dump(mode="json")},
 )
 REPORT = Stage(

@@ -53,6 +53,10 @@ def student(student: str, task: str) -> Path:
     return MODELS / "students" / f"{student}-{task}"
 
 
+def export(student: str, task: str) -> Path:
+    return MODELS / "export" / task / student
+
+
 def evaluation(task: str) -> Path:
     return METRICS / "eval" / f"{task}.json"
 
