@@ -1,0 +1,242 @@
+"""The evaluation report: a table laid out like TinyBERT's Table 1 plus score/size/speed plots.
+
+Table columns (Jiao et al. 2020, Table 1): System, #Params, #FLOPs, Speedup, one dev score per task,
+Avg, and the retention of the teacher's average ("96.8% the performance of its teacher" is a student
+average over the teacher average). Written as reports/table.md and reports/table.html; plots
+score_vs_latency.png, score_vs_size.png and loss_curves.png with matplotlib's Agg backend.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import math
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from distillery.io import atomic_path, write_text
+
+METRIC_KEYS = ("accuracy", "f1", "mcc", "pearson", "spearman")
+INFO_KEYS = {"params", "flops", "latency_ms", "retention", "speedup"}
+
+
+class ReportError(ValueError):
+    """The summary, latency or loss-curve input is malformed."""
+
+
+def task_score(task: str, metrics: Mapping[str, Any]) -> float | None:
+    """The task's headline score (GLUE main score: mean of F1/acc for MRPC/QQP, of Pearson/Spearman
+    for STS-B, MCC for CoLA, accuracy otherwise); unknown tasks: the mean of the metric keys present."""
+    present = {k: float(metrics[k]) for k in METRIC_KEYS if isinstance(metrics.get(k), (int, float))}
+    if not present:
+        return None
+    try:
+        from distillery.glue import main_score
+
+        return float(main_score(task, present))
+    except (ImportError, KeyError, ValueError):
+        return sum(present.values()) / len(present)
+
+
+def _latency_ms(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, Mapping):
+        v = value.get("median_ms", value.get("latency_ms"))
+        return float(v) if v is not None else None
+    v = getattr(value, "median_ms", None)  # distillery.efficiency.LatencyResult
+    if v is None:
+        raise ReportError(f"latency entry of type {type(value).__name__} has no median_ms")
+    return float(v)
+
+
+def build_rows(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], *, latency: Mapping[str, Any] | None = None,
+               teacher: str | None = None) -> tuple[list[str], list[dict[str, Any]]]:
+    """(tasks, rows): one row per model with params, flops, latency_ms, speedup, scores{task}, avg, retention.
+
+    The teacher is `teacher` or else the one model with no "retention" entry in any task (first seen
+    when ambiguous); speedup and retention are relative to it.
+    """
+    if not isinstance(summary, Mapping) or not summary:
+        raise ReportError("summary must be a non-empty {task: {model: {metric: value}}} mapping")
+    tasks = list(summary)
+    models: dict[str, dict[str, Any]] = {}
+    for task in tasks:
+        per_model = summary[task]
+        if not isinstance(per_model, Mapping):
+            raise ReportError(f"summary[{task!r}] must map model names to metric dicts")
+        for name, metrics in per_model.items():
+            if not isinstance(metrics, Mapping):
+                raise ReportError(f"summary[{task!r}][{name!r}] must be a dict of metrics")
+            row = models.setdefault(name, {"model": name, "scores": {}, "is_student": False})
+            score = task_score(task, metrics)
+            if score is not None:
+                row["scores"][task] = score
+            for key in ("params", "flops", "latency_ms"):
+                if metrics.get(key) is not None:
+                    row[key] = metrics[key]
+            if "retention" in metrics:
+                row["is_student"] = True
+    if teacher is None:
+        candidates = [n for n, r in models.items() if not r["is_student"]]
+        teacher = candidates[0] if candidates else None
+    elif teacher not in models:
+        raise ReportError(f"teacher {teacher!r} is not in the summary (models: {sorted(models)})")
+    for name, value in (latency or {}).items():
+        if name in models:
+            models[name]["latency_ms"] = _latency_ms(value)
+    t_row = models.get(teacher) if teacher else None
+    for row in models.values():
+        scores = row["scores"]
+        row["avg"] = sum(scores.values()) / len(scores) if scores else None
+        row["speedup"] = None
+        if t_row and t_row.get("latency_ms") and row.get("latency_ms"):
+            row["speedup"] = t_row["latency_ms"] / row["latency_ms"]
+        row["retention"] = None
+        if t_row and row is not t_row:
+            common = [t for t in scores if t in t_row["scores"]]
+            t_avg = sum(t_row["scores"][t] for t in common) / len(common) if common else 0
+            if common and t_avg:
+                row["retention"] = (sum(scores[t] for t in common) / len(common)) / t_avg
+        row["is_teacher"] = row is t_row
+    ordered = ([t_row] if t_row else []) + [r for r in models.values() if r is not t_row]
+    return tasks, ordered
+
+
+def _pct(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{100 * x:.1f}" if abs(x) <= 1.0 else f"{x:.1f}"
+
+
+def _count(x: Any, unit: float, suffix: str) -> str:
+    return "-" if x is None else f"{float(x) / unit:.1f}{suffix}"
+
+
+def _cells(tasks: list[str], row: dict[str, Any]) -> list[str]:
+    name = row["model"] + (" (teacher)" if row["is_teacher"] else "")
+    speed = "-" if row["speedup"] is None else f"{row['speedup']:.1f}x"
+    return ([name, _count(row.get("params"), 1e6, "M"), _count(row.get("flops"), 1e9, "B"), speed]
+            + [_pct(row["scores"].get(t)) for t in tasks] + [_pct(row["avg"]),
+               "-" if row["retention"] is None else f"{100 * row['retention']:.1f}%"])
+
+
+def _header(tasks: list[str]) -> list[str]:
+    return ["System", "#Params", "#FLOPs", "Speedup"] + [t.upper() for t in tasks] + ["Avg", "Retention"]
+
+
+def render_markdown(tasks: list[str], rows: list[dict[str, Any]]) -> str:
+    head = _header(tasks)
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    lines += ["| " + " | ".join(_cells(tasks, r)) + " |" for r in rows]
+    return ("Dev-set scores (x100), parameters, FLOPs per example and speedup over the teacher; "
+            "retention = student average / teacher average.\n\n" + "\n".join(lines) + "\n")
+
+
+def render_html(tasks: list[str], rows: list[dict[str, Any]], images: list[str]) -> str:
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in _header(tasks))
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(tasks, r)) + "</tr>\n" for r in rows)
+    imgs = "".join(f'<figure><img src="{html.escape(i)}" alt="{html.escape(i)}" width="560"></figure>\n' for i in images)
+    return ("<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>distillery report</title>\n"
+            "<style>table{border-collapse:collapse;font-family:sans-serif}td,th{border:1px solid #999;"
+            "padding:4px 8px;text-align:right}td:first-child,th:first-child{text-align:left}</style></head><body>\n"
+            "<h1>Students vs teacher</h1>\n<p>Dev-set scores (x100), parameters, FLOPs per example and speedup "
+            "over the teacher; retention = student average / teacher average.</p>\n"
+            f"<table><thead><tr>{th}</tr></thead><tbody>\n{body}</tbody></table>\n{imgs}</body></html>\n")
+
+
+def read_loss_curve(path: str | os.PathLike) -> tuple[list[float], list[float]]:
+    """(steps, losses) from a training-log CSV with columns `step` and `loss` (rows without loss skipped)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"loss-curve CSV not found: {path}")
+    steps, losses = [], []
+    with path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        if not reader.fieldnames or "step" not in reader.fieldnames or "loss" not in reader.fieldnames:
+            raise ReportError(f"{path}: needs 'step' and 'loss' columns, has {reader.fieldnames}")
+        for lineno, row in enumerate(reader, start=2):
+            if row["loss"] in ("", None):
+                continue
+            try:
+                steps.append(float(row["step"]))
+                losses.append(float(row["loss"]))
+            except ValueError as exc:
+                raise ReportError(f"{path}:{lineno}: non-numeric step/loss ({exc})") from exc
+    return steps, losses
+
+
+def _save(fig: Any, path: Path) -> Path:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    return path
+
+
+def _scatter(rows: list[dict[str, Any]], key: str, xlabel: str, scale: float, path: Path) -> Path | None:
+    import matplotlib.pyplot as plt
+
+    pts = [(float(r[key]) / scale, 100 * r["avg"] if abs(r["avg"]) <= 1 else r["avg"], r)
+           for r in rows if r.get(key) is not None and r["avg"] is not None]
+    if not pts:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for x, y, r in pts:
+        ax.scatter([x], [y], marker="*" if r["is_teacher"] else "o", s=120 if r["is_teacher"] else 50)
+        ax.annotate(r["model"], (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("average dev score")
+    ax.grid(True, alpha=0.3)
+    try:
+        return _save(fig, path)
+    finally:
+        plt.close(fig)
+
+
+def write_report(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], out_dir: str | os.PathLike, *,
+                 latency: Mapping[str, Any] | None = None, loss_curves: Mapping[str, str | os.PathLike] | None = None,
+                 teacher: str | None = None) -> list[Path]:
+    """Write table.md, table.html and the PNG plots under `out_dir`; return the written paths.
+
+    summary: {task: {model: {"params": int, "<metric>": value, ..., "retention": x (students),
+    optional "flops", "latency_ms"}}}. latency: {model: ms | {"median_ms": ms} | LatencyResult}
+    (overrides latency_ms). loss_curves: {name: CSV with step,loss columns}. Plots without data are
+    skipped (score vs latency needs latencies).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    tasks, rows = build_rows(summary, latency=latency, teacher=teacher)
+    curves = {name: read_loss_curve(path) for name, path in (loss_curves or {}).items()}  # validate first
+    written: list[Path] = []
+    images: list[str] = []
+    for key, label, scale, fname in (("latency_ms", "latency per batch (ms, log)", 1.0, "score_vs_latency.png"),
+                                     ("params", "parameters (millions, log)", 1e6, "score_vs_size.png")):
+        p = _scatter(rows, key, label, scale, out / fname)
+        if p is not None:
+            written.append(p)
+            images.append(fname)
+    if curves:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name, (steps, losses) in curves.items():
+            ax.plot(steps, losses, label=name)
+        ax.set_xlabel("step")
+        ax.set_ylabel("training loss")
+        if any(v > 0 for line in ax.get_lines() for v in line.get_ydata()):
+            ax.set_yscale("log")
+        ax.legend(fontsize=8)
+        ax.grid(True, alpha=0.3)
+        try:
+            written.append(_save(fig, out / "loss_curves.png"))
+        finally:
+            plt.close(fig)
+        images.append("loss_curves.png")
+    written.insert(0, write_text(out / "table.md", render_markdown(tasks, rows)))
+    written.insert(1, write_text(out / "table.html", render_html(tasks, rows, images)))
+    return written

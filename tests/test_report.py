@@ -1,0 +1,92 @@
+"""The TinyBERT-Table-1-style report: table rows, retention, speedup, plots."""
+
+import struct
+
+import pytest
+
+from distillery.report import ReportError, build_rows, read_loss_curve, render_markdown, write_report
+
+SUMMARY = {
+    "sst2": {"teacher": {"params": 109_000_000, "flops": 22.3e9, "accuracy": 0.92},
+             "tiny4": {"params": 14_500_000, "flops": 1.2e9, "accuracy": 0.88, "retention": 0.956}},
+    "mrpc": {"teacher": {"params": 109_000_000, "accuracy": 0.84, "f1": 0.88},
+             "tiny4": {"params": 14_500_000, "accuracy": 0.78, "f1": 0.84, "retention": 0.94}},
+    "stsb": {"teacher": {"pearson": 0.88, "spearman": 0.86},
+             "tiny4": {"pearson": 0.80, "spearman": 0.78, "retention": 0.9}},
+}
+
+
+def test_rows_scores_average_retention_speedup():
+    tasks, rows = build_rows(SUMMARY, latency={"teacher": 100.0, "tiny4": {"median_ms": 10.0}})
+    assert tasks == ["sst2", "mrpc", "stsb"]
+    teacher, tiny = rows
+    assert teacher["is_teacher"] and not tiny["is_teacher"]
+    assert tiny["scores"]["mrpc"] == pytest.approx((0.78 + 0.84) / 2)  # GLUE: mean of acc and F1
+    assert tiny["scores"]["stsb"] == pytest.approx(0.79)
+    assert tiny["avg"] == pytest.approx((0.88 + 0.81 + 0.79) / 3)
+    assert tiny["retention"] == pytest.approx(tiny["avg"] / teacher["avg"])
+    assert tiny["speedup"] == pytest.approx(10.0) and teacher["speedup"] == pytest.approx(1.0)
+    assert teacher["retention"] is None
+
+
+def test_markdown_layout_like_table1():
+    tasks, rows = build_rows(SUMMARY, latency={"teacher": 100.0, "tiny4": 10.0})
+    md = render_markdown(tasks, rows)
+    lines = [line for line in md.splitlines() if line.startswith("|")]
+    assert lines[0] == "| System | #Params | #FLOPs | Speedup | SST2 | MRPC | STSB | Avg | Retention |"
+    assert lines[2].startswith("| teacher (teacher) | 109.0M | 22.3B | 1.0x | 92.0 | 86.0 | 87.0 |")
+    assert lines[3].startswith("| tiny4 | 14.5M | 1.2B | 10.0x | 88.0 | 81.0 | 79.0 | 82.7 |")
+    assert lines[3].endswith(f"| {100 * (0.88 + 0.81 + 0.79) / (0.92 + 0.86 + 0.87):.1f}% |")
+
+
+def _png_size(path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_write_report_files_and_plots(tmp_path):
+    log_a = tmp_path / "a.csv"
+    log_a.write_text("step,loss,learning_rate\n1,2.5,0.1\n2,,0.1\n3,1.5,0.1\n")
+    log_b = tmp_path / "b.csv"
+    log_b.write_text("step,loss\n1,3.0\n2,2.0\n")
+    out = tmp_path / "reports"
+    paths = write_report(SUMMARY, out, latency={"teacher": 100.0, "tiny4": 10.0},
+                         loss_curves={"tiny4 task": log_a, "tiny4 general": log_b})
+    names = sorted(p.name for p in paths)
+    assert names == ["loss_curves.png", "score_vs_latency.png", "score_vs_size.png", "table.html", "table.md"]
+    for p in paths:
+        assert p.is_file() and p.parent == out
+        if p.suffix == ".png":
+            w, h = _png_size(p)
+            assert w > 200 and h > 150
+    html = (out / "table.html").read_text()
+    assert "<th>#FLOPs</th>" in html and "score_vs_size.png" in html and "<td>10.0x</td>" in html
+    assert not list(out.glob(".*tmp"))  # atomic writes leave no temporaries
+    assert read_loss_curve(log_a) == ([1.0, 3.0], [2.5, 1.5])
+
+
+def test_without_latency_the_latency_plot_is_skipped(tmp_path):
+    paths = write_report(SUMMARY, tmp_path)
+    assert sorted(p.name for p in paths) == ["score_vs_size.png", "table.html", "table.md"]
+    assert "| - |" in (tmp_path / "table.md").read_text()  # no speedup without latencies
+
+
+def test_bad_inputs(tmp_path):
+    with pytest.raises(ReportError):
+        build_rows({})
+    with pytest.raises(ReportError, match="sst2"):
+        build_rows({"sst2": {"m": 0.9}})
+    with pytest.raises(ReportError, match="nobody"):
+        build_rows(SUMMARY, teacher="nobody")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("step,loss\n1,abc\n")
+    with pytest.raises(ReportError, match="bad.csv:2"):
+        read_loss_curve(bad)
+    nocol = tmp_path / "nocol.csv"
+    nocol.write_text("epoch,value\n1,2\n")
+    with pytest.raises(ReportError, match="'loss'"):
+        read_loss_curve(nocol)
+    with pytest.raises(FileNotFoundError, match="missing.csv"):
+        write_report(SUMMARY, tmp_path / "r", loss_curves={"x": tmp_path / "missing.csv"})
+    assert not (tmp_path / "r").exists()  # nothing half-written
