@@ -7,17 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from tasks import paths
-from tasks.stage import Stage
+from tasks.stage import Stage, split_item
 
 from distillery.config import Params
 from distillery.io import write_json
 
 ALIAS = "champion"
-
-
-def split_item(item: str) -> tuple[str, str]:
-    student, task = item.split(":", 1)
-    return student, task
 
 
 def pip_requirements() -> list[str]:

@@ -104,6 +104,7 @@ def run_stage(stage: Stage, params: Params, item: str | None) -> dict[str, Any]:
     return result
 
 
-def rel(path: str | Path) -> Path:
-    """A path relative to the project root (DVC and Prefect both run from there)."""
-    return ROOT / path
+def split_item(item: str) -> tuple[str, str]:
+    """A student-task item "student:task" -> (student, task)."""
+    student, task = item.split(":", 1)
+    return student, task
