@@ -1,13 +1,19 @@
 """Training loops built on the Hugging Face Trainer: MLM pre-training, fine-tuning, distillation."""
 
 from distillery.training.args import TrainArgsError, training_arguments
+from distillery.training.distill import DistillationCollator, DistillationTrainer, DistillSettings, distill, make_projection
+from distillery.training.distill_state import STATE_NAME, load_projection, save_projection
 from distillery.training.finetune import finetune
+from distillery.training.grid import GridResult, prediction_grid
 from distillery.training.log import LossHistory, read_log
+from distillery.training.logits_cache import cache_teacher_logits, compute_teacher_logits
 from distillery.training.metrics import glue_metrics, trainer_metrics
 from distillery.training.mlm import tokenize_texts, train_mlm
 from distillery.training.saving import last_checkpoint, model_dir
 
 __all__ = [
-    "TrainArgsError", "training_arguments", "finetune", "LossHistory", "read_log", "glue_metrics",
-    "trainer_metrics", "tokenize_texts", "train_mlm", "last_checkpoint", "model_dir",
+    "TrainArgsError", "training_arguments", "DistillationCollator", "DistillationTrainer", "DistillSettings",
+    "distill", "make_projection", "STATE_NAME", "load_projection", "save_projection", "finetune", "GridResult",
+    "prediction_grid", "LossHistory", "read_log", "cache_teacher_logits", "compute_teacher_logits",
+    "glue_metrics", "trainer_metrics", "tokenize_texts", "train_mlm", "last_checkpoint", "model_dir",
 ]
