@@ -215,10 +215,6 @@ class Params(Section):
                 raise ValueError(f"student name {name!r} must be letters, digits, '-' or '_'")
         return v
 
-    def section(self, name: str) -> dict[str, Any]:
-        """A section as plain data (what a stage's cache key hashes)."""
-        return getattr(self, name).model_dump(mode="json") if hasattr(getattr(self, name), "model_dump") else getattr(self, name)
-
 
 def _format_error(path: str, exc: ValidationError) -> str:
     lines = []
