@@ -4,7 +4,6 @@ small grid (lr x batch size), best on dev."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from tasks.stage import Stage, split_item
 from tasks.teacher import finish, load_task, metric_fns, teacher_source, train_options
 
 from distillery.config import Params
-from distillery.io import atomic_dir, write_json
+from distillery.io import atomic_dir
 
 
 def _student_shape(p: Params, student: str):
@@ -71,7 +70,7 @@ def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
     from distillery import glue
     from distillery.models import build_student
     from distillery.training.distill import distill
-    from distillery.training.logits_cache import cache_teacher_logits
+    from distillery.training.grid import prediction_grid
 
     student, task = split_item(item)
     spec = glue.get_task(task)
@@ -97,38 +96,24 @@ def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
                     args=train_options(td.intermediate, p.seed))
     shutil.rmtree(out / "intermediate" / "checkpoints", ignore_errors=True)
 
-    # Step 2: prediction layer over the grid; teacher logits computed once and reused by every run.
+    # Step 2: prediction layer over the paper's grid; teacher logits computed once and reused by every run.
     pr = td.prediction
-    if pr.cache_teacher_logits:
-        train = cache_teacher_logits(teacher, train, cache_dir=out / "teacher_logits", tokenizer=tokenizer)
     compute, main = metric_fns(task)
-    runs = []
-    for lr in pr.lrs:
-        for batch in pr.batch_sizes:
-            run_dir = out / "grid" / f"lr{lr:g}-bs{batch}"
-            start = AutoModelForSequenceClassification.from_pretrained(str(step1), **labels)
-            final = distill(None if pr.cache_teacher_logits else teacher, start, train, dev, run_dir,
-                            stage="prediction", objectives={"prediction_loss": 1.0}, temperature=pr.temperature,
-                            regression_target=pr.regression_target, compute_metrics=compute, main_score=main,
-                            tokenizer=tokenizer,
-                            args={"num_train_epochs": pr.epochs, "learning_rate": lr, "per_device_train_batch_size": batch,
-                                  "per_device_eval_batch_size": 64, "warmup_steps": pr.warmup_ratio, "seed": p.seed,
-                                  "save_total_limit": 1, "logging_steps": 5})
-            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-            dev_metrics = json.loads((final / "metrics.json").read_text())
-            runs.append({"lr": lr, "batch_size": batch, "dir": str(final), "main": main(_glue_metrics(dev_metrics)),
-                         **{k: v for k, v in dev_metrics.items() if isinstance(v, (int, float))}})
-    best = max(runs, key=lambda r: r["main"])
+    grid = prediction_grid(
+        teacher, lambda: AutoModelForSequenceClassification.from_pretrained(str(step1), **labels), train, dev,
+        out / "grid", compute_metrics=compute, main_score=main, learning_rates=pr.lrs, batch_sizes=pr.batch_sizes,
+        epochs=pr.epochs, cache=pr.cache_teacher_logits, tokenizer=tokenizer, temperature=pr.temperature,
+        regression_target=pr.regression_target, warmup_steps=pr.warmup_ratio, seed=p.seed,
+        per_device_eval_batch_size=64, save_total_limit=1, logging_steps=5,
+    )
+    for run in grid.results:
+        shutil.rmtree(Path(run["model_dir"]).parent / "checkpoints", ignore_errors=True)
     with atomic_dir(out / "model") as tmp:
-        shutil.copytree(best["dir"], tmp, dirs_exist_ok=True)
-    write_json(out / "grid.json", {"runs": runs, "best": best})
-    return {"curve": step1 / "train_log.csv", "artifacts": [str(out / "grid.json")],
-            "metrics": {"best_lr": best["lr"], "best_batch_size": best["batch_size"], "best_dev_main": best["main"]}}
-
-
-def _glue_metrics(trainer_metrics: dict[str, Any]) -> dict[str, float]:
-    """Trainer's `eval_<name>` metrics back to GLUE names."""
-    return {k[len("eval_"):] if k.startswith("eval_") else k: v for k, v in trainer_metrics.items()}
+        shutil.copytree(grid.best_dir, tmp, dirs_exist_ok=True)
+    best = grid.best
+    return {"curve": step1 / "train_log.csv", "artifacts": [str(out / "grid" / "grid.json")],
+            "metrics": {"best_lr": best["learning_rate"], "best_batch_size": best["batch_size"],
+                        "best_dev_main": best["main"]}}
 
 
 GENERAL_DISTILLATION = Stage(
