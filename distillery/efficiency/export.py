@@ -226,6 +226,32 @@ def quantize_torch(model: nn.Module) -> nn.Module:
                                                       dtype=torch.qint8)
 
 
+def _onnx_vocab_size(path: Path) -> int | None:
+    """Rows of the embedding table that input_ids index (config.json beside the file, else the graph)."""
+    cfg = path.parent / "config.json"
+    if cfg.is_file():
+        try:
+            v = json.loads(cfg.read_text(encoding="utf-8")).get("vocab_size")
+            if isinstance(v, int):
+                return v
+        except json.JSONDecodeError:
+            pass
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    shapes = {t.name: list(t.dims) for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == "input_ids":
+            dims = shapes.get(node.input[0])
+            if dims:
+                return int(dims[0])
+        if node.op_type == "EmbedLayerNormalization":  # fused: (ids, segment ids, word table, ...)
+            dims = shapes.get(node.input[2]) if len(node.input) > 2 else None
+            if dims:
+                return int(dims[0])
+    return None
+
+
 class OnnxModel:
     """An ONNX Runtime CPU session: `model(**arrays)` -> first output; `predict(features)` batched."""
 
@@ -244,7 +270,7 @@ class OnnxModel:
         opts.log_severity_level = 3
         self.session = ort.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
         self.input_names = tuple(i.name for i in self.session.get_inputs())
-        self.vocab_size = vocab_size
+        self.vocab_size = vocab_size or _onnx_vocab_size(self.path)
 
     def __call__(self, **inputs: Any) -> np.ndarray:
         missing = [n for n in self.input_names if n not in inputs and n != "token_type_ids"]
