@@ -211,10 +211,15 @@ def quantize_onnx(in_path: str | os.PathLike, out_path: str | os.PathLike) -> Pa
     in_path, out_path = Path(in_path), Path(out_path)
     if not in_path.is_file():
         raise FileNotFoundError(f"no ONNX model at {in_path}")
-    logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))  # quantizer warns via root
-    with atomic_path(out_path) as tmp:
-        quantize_dynamic(str(in_path), str(tmp), weight_type=QuantType.QInt8,
-                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))  # the quantizer warns "run pre-processing" via the root logger
+    try:
+        with atomic_path(out_path) as tmp:
+            quantize_dynamic(str(in_path), str(tmp), weight_type=QuantType.QInt8,
+                             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    finally:
+        root.setLevel(level)
     return out_path
 
 
