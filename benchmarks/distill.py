@@ -1,0 +1,148 @@
+"""Distillation throughput on CPU (issue 2, item 6), all measured side by side in one run.
+
+BERT-base-shaped teacher (12/768/12/3072, vocab 30522, random weights) and a TinyBERT4 student
+(4/312/12/1200), batch 32, sequence 64:
+
+(a) floor: teacher forward under no_grad + student forward + backward + optimiser step (no capture, no loss
+    terms beyond the student's own head);
+(b) one intermediate-layer distillation step through `DistillationTrainer.distillation_loss` (the function
+    `compute_loss` calls): capture of the mapped layers, attention + hidden + embedding losses with the
+    learnable projection, backward, optimiser step;
+(c) prediction-layer distillation over the paper's grid (3 lrs x 2 batch sizes x 3 epochs) with teacher
+    logits computed on the fly; (d) the same grid with teacher logits cached once.
+
+(a)/(b) are interleaved (ABAB...) and medians taken. Last line: `step_ratio: <b/a> cache_speedup: <c/d>`.
+Run: python -m benchmarks.distill [--reps 5] [--examples 256] [--skip-grid]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import datasets
+import torch
+import transformers
+
+from distillery.layer_map import build_layer_map
+from distillery.objectives import ObjectiveWeights
+from distillery.training.args import training_arguments
+from distillery.training.distill import DistillationTrainer, DistillSettings, make_projection
+from distillery.training.grid import prediction_grid
+from distillery.training.metrics import accuracy
+
+VOCAB = 30522
+
+
+def teacher_model() -> transformers.BertForSequenceClassification:
+    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                  intermediate_size=3072, num_labels=2)
+    return transformers.BertForSequenceClassification(cfg).eval()
+
+
+def student_model() -> transformers.BertForSequenceClassification:
+    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=312, num_hidden_layers=4, num_attention_heads=12,
+                                  intermediate_size=1200, num_labels=2)
+    return transformers.BertForSequenceClassification(cfg)
+
+
+def batch(n: int, seq: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1000, VOCAB, (n, seq), generator=g)
+    mask = torch.ones(n, seq, dtype=torch.long)
+    lengths = torch.randint(seq // 2, seq + 1, (n,), generator=g)
+    for i, length in enumerate(lengths.tolist()):
+        mask[i, length:] = 0
+        ids[i, length:] = 0
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids),
+            "labels": torch.randint(0, 2, (n,), generator=g)}
+
+
+def step_benchmark(reps: int, bsz: int, seq: int, tmp: Path) -> tuple[float, float]:
+    teacher, student = teacher_model(), student_model()
+    lm = build_layer_map("uniform", 4, 12)
+    settings = DistillSettings(ObjectiveWeights.from_config("tinybert-intermediate"), lm, stage="intermediate")
+    proj = make_projection(student, teacher, lm)
+    trainer = DistillationTrainer(model=student, args=training_arguments(tmp / "bench", disable_tqdm=True),
+                                  teacher=teacher, settings=settings, projection=proj)
+    params = list(student.parameters()) + list(proj.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    b = batch(bsz, seq)
+    student.train()
+
+    def floor() -> None:
+        with torch.no_grad():
+            teacher(**{k: v for k, v in b.items() if k != "labels"})
+        student(**b).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def distil_step() -> None:
+        total, _, _ = trainer.distillation_loss(student, b)
+        total.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    floor(), distil_step()  # warm-up
+    ta, tb = [], []
+    for i in range(reps):
+        for fn, acc in ((floor, ta), (distil_step, tb)) if i % 2 == 0 else ((distil_step, tb), (floor, ta)):
+            t0 = time.perf_counter()
+            fn()
+            acc.append(time.perf_counter() - t0)
+    a, b_ = statistics.median(ta), statistics.median(tb)
+    print(f"(a) floor step: median {a:.3f}s  runs {[round(x, 3) for x in ta]}")
+    print(f"(b) intermediate distillation step: median {b_:.3f}s  runs {[round(x, 3) for x in tb]}")
+    return a, b_
+
+
+def grid_benchmark(examples: int, seq: int, tmp: Path, epochs: float) -> tuple[float, float]:
+    teacher = teacher_model()
+    torch.manual_seed(0)
+    init = student_model()
+    init.save_pretrained(tmp / "student")
+    b = batch(examples + 64, seq, seed=1)
+    rows = {k: v.tolist() for k, v in b.items()}
+    full = datasets.Dataset.from_dict({**rows, "idx": list(range(examples + 64))})
+    train, dev = full.select(range(examples)), full.select(range(examples, examples + 64))
+    common = dict(compute_metrics=accuracy, main_score="accuracy", epochs=epochs, save_strategy="no",
+                  eval_strategy="no", load_best_model_at_end=False, disable_tqdm=True, logging_steps=50,
+                  per_device_eval_batch_size=64)
+    t0 = time.perf_counter()
+    prediction_grid(teacher, tmp / "student", train, dev, tmp / "grid-fly", cache=False, **common)
+    c = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    prediction_grid(teacher, tmp / "student", train, dev, tmp / "grid-cache", cache_dir=tmp / "cache", **common)
+    d = time.perf_counter() - t0
+    print(f"(c) grid, teacher on the fly: {c:.1f}s   (d) grid, teacher logits cached once: {d:.1f}s "
+          f"({examples} examples, 3 lrs x 2 batch sizes x {epochs:g} epochs)")
+    return c, d
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reps", type=int, default=5, help="interleaved repetitions of (a) and (b)")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--examples", type=int, default=256, help="training examples for the grid")
+    p.add_argument("--epochs", type=float, default=3.0)
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--skip-grid", action="store_true")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    transformers.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, batch {args.batch}, seq {args.seq}")
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        a, b = step_benchmark(args.reps, args.batch, args.seq, tmp)
+        c, dd = (float("nan"), float("nan")) if args.skip_grid else grid_benchmark(args.examples, args.seq, tmp, args.epochs)
+    print(f"step_ratio: {b / a:.3f} cache_speedup: {c / dd:.2f}")
+
+
+if __name__ == "__main__":
+    main()
