@@ -90,3 +90,21 @@ def test_finetune_keeps_best_checkpoint(tmp_path):
     with torch.no_grad():
         logits = reloaded(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     assert logits.shape == (8, 2)
+
+
+def test_trainer_metrics_adds_main_score_for_glue_tasks():
+    import numpy as np
+    from transformers import EvalPrediction
+
+    from distillery.training.metrics import glue_metrics, trainer_metrics
+
+    fn, main = glue_metrics("stsb")
+    preds = np.array([[0.1], [2.0], [3.9], [5.0]])
+    m = trainer_metrics(fn, main)(EvalPrediction(predictions=preds, label_ids=np.array([0.0, 2.5, 3.0, 4.8])))
+    assert m["main"] == pytest.approx((m["pearson"] + m["spearman"]) / 2)
+    fn, main = glue_metrics("sst2")
+    logits = np.array([[2.0, -1.0], [0.0, 1.0], [1.0, 0.5]])
+    m = trainer_metrics(fn, main)(EvalPrediction(predictions=logits, label_ids=np.array([0, 1, 1])))
+    assert m["main"] == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="main_score"):
+        trainer_metrics(lambda p, y: {"a": 1.0, "b": 2.0})(EvalPrediction(predictions=logits, label_ids=np.zeros(3)))
