@@ -7,12 +7,10 @@ from pathlib import Path
 
 
 def _run(args: argparse.Namespace) -> int:
-    import torch
-    from transformers import AutoModelForMaskedLM, AutoTokenizer
-
     from distillery.augment.algorithm import AugmentConfig
     from distillery.augment.dataset import augment_file
     from distillery.augment.glove import load_word_vectors
+    from distillery.augment.mlm import load_masked_lm
     from distillery.glue.loaders import task_dir
     from distillery.glue.tasks import get_task
 
@@ -23,15 +21,7 @@ def _run(args: argparse.Namespace) -> int:
         if "train" not in spec.files:
             raise ValueError(f"augment: task {spec.name} has no train split")
         source = task_dir(spec, args.data_dir) / spec.files["train"]
-    mlm_dir = Path(args.mlm)
-    if not mlm_dir.is_dir():
-        raise FileNotFoundError(f"augment: MLM directory not found: {mlm_dir}")
-    tokenizer = AutoTokenizer.from_pretrained(mlm_dir)
-    model = AutoModelForMaskedLM.from_pretrained(mlm_dir).eval()
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model.to(device)
-    if args.bf16:
-        model.to(torch.bfloat16)
+    model, tokenizer = load_masked_lm(args.mlm, device=args.device, bf16=args.bf16)
     vectors = load_word_vectors(args.glove, max_words=args.max_words, cache_dir=args.cache_dir)
     config = AugmentConfig(
         k=args.k, p_t=args.p_t, n_aug=args.n_aug, seed=args.seed, batch_size=args.batch_size, fast=args.fast,

@@ -16,14 +16,34 @@ Two ways to compute the same top-K:
 
 from __future__ import annotations
 
+import os
 import unicodedata
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 from torch import nn
 
-__all__ = ["MaskedCopy", "MaskedLM", "build_masked_input"]
+__all__ = ["MaskedCopy", "MaskedLM", "build_masked_input", "load_masked_lm"]
+
+
+def load_masked_lm(path: str | os.PathLike, *, device: str | None = None, bf16: bool = False):
+    """(model, tokenizer) of a masked LM saved with ``save_pretrained`` (safetensors; no remote code).
+
+    `device` defaults to CUDA when available; `bf16` casts the model to bfloat16 (meant for GPUs).
+    """
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"augment: MLM directory not found: {path}")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForMaskedLM.from_pretrained(path).eval()
+    model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if bf16:
+        model.to(torch.bfloat16)
+    return model, tokenizer
 
 
 @dataclass(frozen=True)
@@ -205,8 +225,11 @@ class MaskedLM:
                 inputs = self._inputs(batch)
                 rows = torch.tensor([r for r, c in enumerate(batch) for _ in c.positions], device=self.device)
                 cols = torch.tensor([p for c in batch for p in c.positions], device=self.device)
-                hidden = self.encoder(**inputs).last_hidden_state
-                torch.topk(self.head(hidden[rows, cols]).float(), k, dim=-1)
+                if self.encoder is not None:
+                    logits = self.head(self.encoder(**inputs).last_hidden_state[rows, cols])
+                else:
+                    logits = self.model(**inputs).logits[rows, cols]
+                torch.topk(logits.float(), k, dim=-1)
                 n += len(cols)
         return n
 
