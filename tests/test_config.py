@@ -1,0 +1,86 @@
+"""params.yaml validation: every problem is caught before any work, with the file and key named."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from distillery.config import ConfigError, load_params, parse_params
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def demo() -> dict:
+    return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+@pytest.mark.parametrize("name", ["params.yaml", "params/local.yaml", "params/paper-tinybert4.yaml"])
+def test_shipped_params_files_validate(name):
+    p = load_params(ROOT / name)
+    assert p.students and p.data.tasks
+
+
+def test_unknown_key_is_named():
+    data = demo()
+    data["finetune"]["learning_rate"] = 1e-4
+    with pytest.raises(ConfigError, match=r"params.yaml: finetune.learning_rate: unknown key"):
+        parse_params(data)
+
+
+def test_unknown_section_is_named():
+    data = demo()
+    data["distil"] = {}
+    with pytest.raises(ConfigError, match=r"distil: unknown key"):
+        parse_params(data)
+
+
+def test_wrong_type_is_named():
+    data = demo()
+    data["finetune"]["batch_size"] = "big"
+    with pytest.raises(ConfigError, match=r"finetune.batch_size"):
+        parse_params(data)
+
+
+@pytest.mark.parametrize("section,key,value,match", [
+    ("finetune", "lr", -1.0, "finetune.lr"),
+    ("augment", "p_t", 1.5, "augment.p_t"),
+    ("data", "max_length", 4096, "data.max_length"),
+])
+def test_impossible_values_are_named(section, key, value, match):
+    data = demo()
+    data[section][key] = value
+    with pytest.raises(ConfigError, match=match):
+        parse_params(data)
+
+
+def test_impossible_grid_is_named():
+    data = demo()
+    data["task_distillation"]["prediction"]["lrs"] = [1e-5, 0.0]
+    with pytest.raises(ConfigError, match=r"task_distillation.prediction.lrs: .*every learning rate"):
+        parse_params(data)
+
+
+def test_student_shape_needs_preset_or_numbers():
+    data = demo()
+    data["students"] = {"s": {"shape": {"layers": 2, "hidden": 30, "heads": 4, "intermediate": 64}}}
+    with pytest.raises(ConfigError, match=r"students.s.shape.*divisible"):
+        parse_params(data)
+    data["students"] = {"s": {"shape": {"layers": 2}}}
+    with pytest.raises(ConfigError, match=r"students.s.shape"):
+        parse_params(data)
+
+
+def test_local_source_needs_a_glue_dir():
+    data = demo()
+    data["data"]["source"] = "local"
+    with pytest.raises(ConfigError, match=r"data: .*glue_dir"):
+        parse_params(data)
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="params file not found"):
+        load_params(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("seed: [1,\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: not valid YAML"):
+        load_params(bad)
