@@ -65,10 +65,12 @@ def code_version() -> str:
     import torch
     import transformers
 
+    import distillery
+
     h = hashlib.sha256(f"{torch.__version__}|{transformers.__version__}".encode())
-    for sub in ("distillery", "tasks"):
-        for p in sorted((ROOT / sub).rglob("*.py")):
-            h.update(str(p.relative_to(ROOT)).encode())
+    for package in (Path(distillery.__file__).parent, ROOT / "tasks"):
+        for p in sorted(package.rglob("*.py")):
+            h.update(str(p.relative_to(package.parent)).encode())
             h.update(p.read_bytes())
     return h.hexdigest()[:16]
 

@@ -261,7 +261,8 @@ class Augmenter:
         """Augmented rows of GLUE-style examples (``text_a``, optional ``text_b``, ``label``, ``idx``).
 
         Yields dicts ``text_a`` [, ``text_b``], ``label``, ``source_idx``: the original example first,
-        then the variants of text_a (text_b kept original), then those of text_b (text_a kept original).
+        then the variants of text_a (text_b kept original), then those of text_b (text_a kept original);
+        the official script's bug (rows of text_b carrying the last variant of text_a) is not reproduced.
         Works in chunks of ``config.chunk_size`` examples, so memory stays flat on any input size.
         """
         n_aug = self.config.n_aug if self.config.n_aug is not None else default_n_aug(task)
