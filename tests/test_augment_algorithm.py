@@ -215,3 +215,20 @@ def test_distilbert_mlm_batched_equals_reference(tokenizer, vectors):
     aug = Augmenter(model, tokenizer, vectors, AugmentConfig(k=6, batch_size=4))
     assert aug.mlm.encoder is not None and not aug.mlm.use_token_types
     assert aug.candidates(SENTENCES) == aug.reference_candidates(SENTENCES, autograd=False)
+
+
+def test_cased_mlm_keeps_case_and_title_cases_glove_neighbours(tokenizer, tmp_path):
+    vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))) + ["S", "##tory", "##telling", "Great"]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    cased = transformers.BertTokenizerFast(vocab=str(tmp_path / "vocab.txt"), do_lower_case=False)
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=len(cased), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, max_position_embeddings=64)
+    glove = tmp_path / "g.txt"
+    glove.write_text("Storytelling 1 0 0\nnarrative 0.9 0.1 0\nplot 0.5 0.5 0\nzebra 0 0 1\n", encoding="utf-8")
+    aug = Augmenter(transformers.BertForMaskedLM(cfg).eval(), cased, load_word_vectors(glove, use_cache=False),
+                    AugmentConfig(k=2))
+    a = aug.analyse("Storytelling is Great")
+    assert a.words == ["Storytelling", "is", "Great"] and a.lengths[0] == 3 and a.eligible == [0, 2]
+    cands = aug.candidates(["Storytelling is Great"])[0]
+    assert cands[0] == ["Narrative", "Plot"]

@@ -151,7 +151,8 @@ class Augmenter:
             mlm_model, tokenizer, drop_original=self.config.drop_original,
             drop_punctuation=self.config.drop_punctuation, drop_subwords=self.config.drop_subwords,
         )
-        self._basic = BasicTokenizer(do_lower_case=True)
+        # words as the MLM's own basic tokenizer splits them (lower-cased for uncased models, as official)
+        self._basic = BasicTokenizer(do_lower_case=bool(getattr(tokenizer, "do_lower_case", True)))
         self._cased = BasicTokenizer(do_lower_case=False) if self.config.restore_case else None
         self._pieces: dict[str, list[int]] = {}
 
@@ -210,7 +211,8 @@ class Augmenter:
             for j, i in enumerate(group):  # masks cut by max_seq_length are a suffix: no candidates
                 result[s][i] = list(cands[j]) if j < len(copy.positions) else []
         for (s, i), cands in zip(glove, glove_out):
-            result[s][i] = list(cands)
+            word = analyses[s].words[i]  # cased models: title-case the neighbours of a title word (official)
+            result[s][i] = [c.title() for c in cands] if word.istitle() else list(cands)
         for s, a in enumerate(analyses):
             ordered = {}
             for i in a.eligible:
