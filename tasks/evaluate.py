@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -44,15 +45,15 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
             **metrics,
             "main": glue.main_score(task, metrics),
         }
-        if test_predictions is not None and spec.submission_file:
-            glue.write_submission(task, test_predictions, paths.submission() / name, indices=data["test"]["idx"][:])
+        if test_predictions is not None:
+            glue.write_submission(task, test_predictions, paths.predictions(task) / name, indices=data["test"]["idx"][:])
         for extra in glue.tasks_evaluated_with(task)[1:]:  # MNLI-mm and AX from the MNLI model
             extra_data = DatasetDict({s: data[extra_split(extra, s)] for s in ("dev", "test")
                                       if extra_split(extra, s) in data})
             extra_metrics, extra_test = evaluate_model(model_dir, extra, extra_data, max_length=p.data.max_length)
             results[name].update({f"{extra}.{k}": v for k, v in extra_metrics.items()})
             if extra_test is not None:
-                glue.write_submission(extra, extra_test, paths.submission() / name,
+                glue.write_submission(extra, extra_test, paths.predictions(task) / name,
                                       indices=extra_data["test"]["idx"][:])
     sessions = {}
     if p.evaluation.export_onnx:
@@ -66,7 +67,7 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
 
 def _export(p: Params, task: str, student: str, data, result: dict[str, Any]):
     """ONNX export (checked against PyTorch) and int8 dynamic quantisation of a student, with the int8
-    model's dev metrics next to the fp32 ones; returns the int8 ONNX Runtime session for timing."""
+    model's dev metrics next to the fp32 ones; returns the int8 model for timing."""
     from transformers import AutoTokenizer
 
     from distillery import glue
@@ -77,8 +78,9 @@ def _export(p: Params, task: str, student: str, data, result: dict[str, Any]):
     out = paths.export(student, task)
     exported = export_onnx(model_dir, out / "model.onnx")
     int8_path = quantize_onnx(out / "model.onnx", out / "model.int8.onnx")
-    int8 = OnnxModel(int8_path)
-    dev = glue.encode(data, AutoTokenizer.from_pretrained(str(model_dir)), task, p.data.max_length)["dev"]
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    int8 = OnnxModel(int8_path, vocab_size=len(tokenizer))
+    dev = glue.encode(data, tokenizer, task, p.data.max_length)["dev"]
     features = {c: dev[c][:] for c in ("input_ids", "attention_mask", "token_type_ids") if c in dev.column_names}
     metrics = glue.compute_metrics(task, as_predictions(task, int8.predict(features)), dev["labels"][:])
     result.update({
@@ -88,7 +90,7 @@ def _export(p: Params, task: str, student: str, data, result: dict[str, Any]):
         **{f"int8_{k}": v for k, v in metrics.items()},
         "int8_main_change": glue.main_score(task, metrics) - result["main"],
     })
-    return int8.session
+    return int8
 
 
 def _add_latency(p: Params, task: str, results: dict[str, dict[str, Any]], sessions: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -114,15 +116,26 @@ def run_report(p: Params, _: str | None) -> dict[str, Any]:
 
     summary = _summary(p)
     write_json(paths.summary(), summary)
-    curves = {f.stem: f for f in sorted((paths.METRICS / "curves").glob("*.csv"))}
+    # training curves that logged a loss (a run shorter than `logging_steps` logs only its summary row)
+    curves = {f.stem: f for f in sorted((paths.METRICS / "curves").glob("*.csv"))
+              if "loss" in f.read_text(encoding="utf-8").split("\n", 1)[0].split(",")}
     written = write_report(summary, paths.REPORTS, loss_curves=curves)
-    if any((paths.submission() / m).is_dir() for m in _models(p)):
-        from distillery import glue
-
-        for model in _models(p):
-            if (paths.submission() / model).is_dir():
-                glue.zip_submission(paths.submission() / model, paths.submission() / f"{model}.zip")
+    for model in _models(p):
+        written.append(_zip_predictions(p, model))
     return {"artifacts": [str(w) for w in written] + [str(paths.summary())]}
+
+
+def _zip_predictions(p: Params, model: str) -> Path:
+    """reports/submission/<model>.zip: the model's test predictions for every task, files at the top level."""
+    import tempfile
+
+    from distillery import glue
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for task in p.data.tasks:
+            for f in sorted((paths.predictions(task) / model).glob("*.tsv")):
+                shutil.copyfile(f, Path(tmp) / f.name)
+        return glue.zip_submission(tmp, paths.submission() / f"{model}.zip")
 
 
 def _models(p: Params) -> list[str]:
@@ -147,12 +160,12 @@ def _summary(p: Params) -> dict[str, Any]:
 EVALUATE = Stage(
     "evaluate", run_evaluate,
     deps=lambda p, t: [paths.task_data(t), *evaluated_models(p, t).values()],
-    outs=lambda p, t: [paths.evaluation(t)] + ([paths.export(s, t) for s in p.students] if p.evaluation.export_onnx else []),
+    outs=lambda p, t: [paths.evaluation(t), paths.predictions(t)] + ([paths.export(s, t) for s in p.students] if p.evaluation.export_onnx else []),
     params=lambda p, t: {"max_length": p.data.max_length, "evaluation": p.evaluation.model_dump(mode="json")},
 )
 REPORT = Stage(
     "report", run_report,
-    deps=lambda p, _: [paths.evaluation(t) for t in p.data.tasks],
+    deps=lambda p, _: [paths.evaluation(t) for t in p.data.tasks] + [paths.predictions(t) for t in p.data.tasks],
     outs=lambda p, _: [paths.summary(), paths.REPORTS / "table.md"],
     params=lambda p, _: {"tasks": p.data.tasks, "students": sorted(p.students)},
 )

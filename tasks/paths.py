@@ -73,5 +73,11 @@ def summary() -> Path:
     return METRICS / "summary.json"
 
 
+def predictions(task: str) -> Path:
+    """Test-set predictions of every model for one task, in the GLUE server's format (one dir per model)."""
+    return DATA / "predictions" / task
+
+
 def submission() -> Path:
+    """One zip per model with its predictions for every task, ready to upload."""
     return REPORTS / "submission"

@@ -78,8 +78,11 @@ def teacher_name(p: Params) -> str:
 
 
 def load_task(task: str):
+    """The prepared task. Caching is off so that `.map` never writes cache files into a stage's output
+    (that would change its fingerprint, and DVC would see a modified output)."""
     import datasets
 
+    datasets.disable_caching()
     return datasets.load_from_disk(str(paths.task_data(task)))
 
 

@@ -1,0 +1,127 @@
+"""The pipeline end to end on a micro configuration, as a user runs it:
+
+- `python -m flows.pipeline` (Prefect, MLflow) writes metrics/summary.json and the report, registers the
+  student, and an immediate re-run hits the cache for every stage;
+- the registered champion predicts labels for raw sentences through mlflow.pyfunc;
+- `dvc repro` runs the same stages; a second `dvc repro` does nothing.
+
+The project's pipeline files are copied into a temporary directory so nothing touches the checkout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MICRO = {
+    "seed": 7,
+    "data": {"source": "demo", "tasks": ["demo"], "max_length": 24, "demo_train": 300, "demo_dev": 100,
+             "demo_test": 40},
+    "corpus": {"source": "demo", "demo_documents": 80},
+    "teacher": {"init": "scratch", "shape": {"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64},
+                "vocab_size": 300},
+    "pretrain": {"epochs": 1, "lr": 1e-3, "batch_size": 32, "max_length": 32},
+    "finetune": {"epochs": 2, "lr": 1e-3, "batch_size": 32},
+    "word_vectors": {"source": "corpus", "dim": 8},
+    "augment": {"n_aug": 2, "max_examples": 40},
+    "students": {"micro": {"shape": {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 32}}},
+    "general_distillation": {"epochs": 1, "lr": 1e-3, "batch_size": 32, "max_length": 32},
+    "task_distillation": {"intermediate": {"epochs": 1, "lr": 1e-3, "batch_size": 32},
+                          "prediction": {"lrs": [1e-3], "batch_sizes": [32], "epochs": 1}},
+    "evaluation": {"latency_batch_sizes": [1], "latency_seq_len": 16},
+}
+
+
+def make_project(tmp: Path) -> Path:
+    for name in ("distillery", "tasks", "flows"):
+        shutil.copytree(ROOT / name, tmp / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "dvc.yaml", tmp / "dvc.yaml")
+    (tmp / "params.yaml").write_text(yaml.safe_dump(MICRO))
+    return tmp
+
+
+def run(cmd: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    env["PYTHONPATH"] = str(cwd)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def prefect_project(tmp_path_factory):
+    project = make_project(tmp_path_factory.mktemp("pipeline"))
+    t0 = time.perf_counter()
+    first = run([sys.executable, "-m", "flows.pipeline"], project)
+    first_s = time.perf_counter() - t0
+    return project, first, first_s
+
+
+@pytest.mark.slow
+def test_pipeline_writes_summary_report_and_registry(prefect_project):
+    project, _, _ = prefect_project
+    summary = json.loads((project / "metrics" / "summary.json").read_text())
+    teacher, student = summary["demo"]["teacher"], summary["demo"]["micro"]
+    for entry in (teacher, student):
+        assert {"params", "accuracy"} <= set(entry)
+    assert student["params"] < teacher["params"]
+    assert student["retention"] == pytest.approx(student["accuracy"] / teacher["accuracy"])
+    assert student["onnx_max_abs_diff"] <= 1e-4
+    assert "int8_accuracy" in student and "latency_ms_b1" in student
+    for name in ("table.md", "table.html"):
+        assert (project / "reports" / name).is_file()
+    assert (project / "data" / "predictions" / "demo" / "micro" / "demo.tsv").is_file()
+    assert (project / "reports" / "submission" / "micro.zip").is_file()
+    record = json.loads((project / "metrics" / "registry" / "micro-demo.json").read_text())
+    assert record["uri"] == "models:/micro-demo@champion"
+    assert (project / "metrics" / "curves" / "task_distillation-micro-demo.csv").is_file()
+
+
+@pytest.mark.slow
+def test_rerun_hits_the_cache_for_every_stage(prefect_project):
+    project, _, first_s = prefect_project
+    stamps = {p.name: p.stat().st_mtime_ns for p in (project / ".prefect" / "stamps").iterdir()}
+    assert len(stamps) == 11  # every stage and item ran once
+    t0 = time.perf_counter()
+    run([sys.executable, "-m", "flows.pipeline"], project)
+    second_s = time.perf_counter() - t0
+    after = {p.name: p.stat().st_mtime_ns for p in (project / ".prefect" / "stamps").iterdir()}
+    assert after == stamps, "a stage ran again although nothing changed"
+    assert second_s < first_s
+
+
+@pytest.mark.slow
+def test_champion_predicts_labels_for_raw_sentences(prefect_project):
+    project, _, _ = prefect_project
+    code = (
+        "import mlflow, sys; mlflow.set_tracking_uri(sys.argv[1]);"
+        "m = mlflow.pyfunc.load_model('models:/micro-demo@champion');"
+        "print(list(m.predict(['the film was not good', 'the music is truly wonderful'])['label']))"
+    )
+    out = run([sys.executable, "-c", code, f"sqlite:///{project / 'mlflow.db'}"], project).stdout
+    labels = eval(out.strip().splitlines()[-1])  # noqa: S307 - our own printed list
+    assert len(labels) == 2 and set(labels) <= {"0", "1", "LABEL_0", "LABEL_1"}
+
+
+@pytest.mark.slow
+def test_dvc_repro_then_noop(tmp_path):
+    project = make_project(tmp_path)
+    run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], project)
+    run([sys.executable, "-m", "dvc", "repro"], project, timeout=1500)
+    assert (project / "metrics" / "summary.json").is_file()
+    t0 = time.perf_counter()
+    out = run([sys.executable, "-m", "dvc", "repro"], project).stdout
+    assert time.perf_counter() - t0 < 30
+    assert "Running stage" not in out
+    shown = run([sys.executable, "-m", "dvc", "metrics", "show", "--json"], project).stdout
+    assert "accuracy" in shown
