@@ -55,7 +55,7 @@ def run_stage(name: str, p: Params, item: str | None, parent_run_id: str | None)
     return prefect_task(p, item, parent_run_id)
 
 
-@flow(name="distillery-pipeline", log_prints=True)
+@flow(name="distillery-pipeline")
 def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
     p = load_params(params_file)
     started = time.perf_counter()
