@@ -113,7 +113,11 @@ def _pct(x: float | None) -> str:
 
 
 def _count(x: Any, unit: float, suffix: str) -> str:
-    return "-" if x is None else f"{float(x) / unit:.1f}{suffix}"
+    """1.2B / 14.5M as in the papers' tables; small models keep significant digits (0.034B, not 0.0B)."""
+    if x is None:
+        return "-"
+    v = float(x) / unit
+    return f"{v:.1f}{suffix}" if v >= 1 else f"{v:.2g}{suffix}"
 
 
 def _cells(tasks: list[str], row: dict[str, Any]) -> list[str]:

@@ -119,7 +119,10 @@ def run_report(p: Params, _: str | None) -> dict[str, Any]:
     # training curves that logged a loss (a run shorter than `logging_steps` logs only its summary row)
     curves = {f.stem: f for f in sorted((paths.METRICS / "curves").glob("*.csv"))
               if "loss" in f.read_text(encoding="utf-8").split("\n", 1)[0].split(",")}
-    written = write_report(summary, paths.REPORTS, loss_curves=curves)
+    batch = min(p.evaluation.latency_batch_sizes)
+    latency = {m: r[f"latency_ms_b{batch}"] for task in summary.values() for m, r in task.items()
+               if f"latency_ms_b{batch}" in r}
+    written = write_report(summary, paths.REPORTS, loss_curves=curves, latency=latency or None)
     for model in _models(p):
         written.append(_zip_predictions(p, model))
     return {"artifacts": [str(w) for w in written] + [str(paths.summary())]}
