@@ -58,4 +58,5 @@ AUGMENT = Stage(
     outs=lambda p, t: [paths.augmented(t)],
     params=lambda p, t: {"seed": p.seed, "augment": p.augment.model_dump(mode="json"),
                          "max_words": p.word_vectors.max_words},
+    code=("distillery/augment", "tasks/augment.py"),
 )

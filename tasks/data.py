@@ -116,16 +116,19 @@ PREPARE_TASK = Stage(
     deps=lambda p, t: [] if p.data.source != "local" else [_local_task_dir(p, t)],
     outs=lambda p, t: [paths.task_data(t)],
     params=lambda p, t: {"seed": p.seed, "data": p.data.model_dump(mode="json")},
+    code=("distillery/glue", "distillery/demo.py", "tasks/data.py"),
 )
 PREPARE_CORPUS = Stage(
     "prepare_corpus", run_prepare_corpus,
     deps=lambda p, _: _corpus_files(p) if p.corpus.source == "files" else [],
     outs=lambda p, _: [paths.corpus()],
     params=lambda p, _: {"seed": p.seed, "corpus": p.corpus.model_dump(mode="json")},
+    code=("distillery/corpus.py", "distillery/demo.py", "tasks/data.py"),
 )
 WORD_VECTORS = Stage(
     "word_vectors", run_word_vectors,
     deps=lambda p, _: [paths.corpus()] if p.word_vectors.source == "corpus" else [resolve(p.word_vectors.path)],
     outs=lambda p, _: [paths.word_vectors_dir()],
     params=lambda p, _: {"word_vectors": p.word_vectors.model_dump(mode="json")},
+    code=("distillery/corpus.py", "distillery/augment/glove.py", "tasks/data.py"),
 )

@@ -122,6 +122,8 @@ GENERAL_DISTILLATION = Stage(
     outs=lambda p, s: [paths.general_student(s) / "model"],
     params=lambda p, s: {"seed": p.seed, "student": p.students[s].model_dump(mode="json"),
                          "general_distillation": p.general_distillation.model_dump(mode="json")},
+    code=("distillery/training", "distillery/objectives", "distillery/capture.py", "distillery/layer_map.py",
+          "distillery/models.py", "tasks/distill.py"),
 )
 TASK_DISTILLATION = Stage(
     "task_distillation", run_task_distillation,
@@ -132,4 +134,6 @@ TASK_DISTILLATION = Stage(
     params=lambda p, item: {"seed": p.seed, "max_length": p.data.max_length,
                             "student": p.students[split_item(item)[0]].model_dump(mode="json"),
                             "task_distillation": p.task_distillation.model_dump(mode="json")},
+    code=("distillery/training", "distillery/objectives", "distillery/capture.py", "distillery/layer_map.py",
+          "distillery/models.py", "distillery/glue", "tasks/distill.py"),
 )

@@ -165,10 +165,12 @@ EVALUATE = Stage(
     deps=lambda p, t: [paths.task_data(t), *evaluated_models(p, t).values()],
     outs=lambda p, t: [paths.evaluation(t), paths.predictions(t)] + ([paths.export(s, t) for s in p.students] if p.evaluation.export_onnx else []),
     params=lambda p, t: {"max_length": p.data.max_length, "evaluation": p.evaluation.model_dump(mode="json")},
+    code=("distillery/evaluation.py", "distillery/efficiency", "distillery/glue", "tasks/evaluate.py"),
 )
 REPORT = Stage(
     "report", run_report,
     deps=lambda p, _: [paths.evaluation(t) for t in p.data.tasks] + [paths.predictions(t) for t in p.data.tasks],
     outs=lambda p, _: [paths.summary(), paths.REPORTS / "table.md"],
     params=lambda p, _: {"tasks": p.data.tasks, "students": sorted(p.students)},
+    code=("distillery/report.py", "tasks/evaluate.py"),
 )

@@ -48,4 +48,5 @@ REGISTER = Stage(
     deps=lambda p, item: [paths.student(*split_item(item)) / "model"],
     outs=lambda p, item: [paths.registry(*split_item(item))],
     params=lambda p, item: {},
+    code=("tasks/register.py",),
 )

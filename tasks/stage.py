@@ -34,7 +34,7 @@ class Stage:
     deps: Callable[[Params, str | None], list[Path]]
     outs: Callable[[Params, str | None], list[Path]]
     params: Callable[[Params, str | None], dict[str, Any]]
-    code: tuple[str, ...] = field(default=())  # extra modules whose source is part of the code version
+    code: tuple[str, ...] = field(default=())  # the source files/packages whose content is the stage's code version
 
 
 def _hash_file(path: Path, h) -> None:
@@ -59,19 +59,30 @@ def fingerprint(path: str | Path) -> str:
     return h.hexdigest()
 
 
-@lru_cache(maxsize=1)
-def code_version() -> str:
-    """Hash of the library and the stage code (and the versions of torch/transformers)."""
+def _source(entry: str) -> Path:
+    """'distillery/...' resolves inside the imported library (wherever it is installed), else the project."""
+    import distillery
+
+    if entry == "distillery" or entry.startswith("distillery/"):
+        return Path(distillery.__file__).parent / entry[len("distillery/"):]
+    return ROOT / entry
+
+
+@lru_cache(maxsize=None)
+def code_version(code: tuple[str, ...]) -> str:
+    """Hash of a stage's source files (and the torch/transformers versions): editing one stage's code
+    reruns that stage and what depends on its outputs, not the whole pipeline."""
     import torch
     import transformers
 
-    import distillery
-
     h = hashlib.sha256(f"{torch.__version__}|{transformers.__version__}".encode())
-    for package in (Path(distillery.__file__).parent, ROOT / "tasks"):
-        for p in sorted(package.rglob("*.py")):
-            h.update(str(p.relative_to(package.parent)).encode())
-            h.update(p.read_bytes())
+    for entry in code:
+        path = _source(entry)
+        if not path.exists():
+            raise FileNotFoundError(f"stage code {entry!r} not found at {path}")
+        for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            h.update(f"{entry}/{f.relative_to(path) if path.is_dir() else ''}".encode())
+            h.update(f.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -79,7 +90,7 @@ def stage_key(stage: Stage, params: Params, item: str | None) -> str:
     payload = {
         "stage": stage.name,
         "item": item,
-        "code": code_version(),
+        "code": code_version(stage.code),
         "params": stage.params(params, item),
         "deps": {str(p): fingerprint(p) for p in stage.deps(params, item)},
     }

@@ -126,6 +126,7 @@ PRETRAIN = Stage(
     outs=lambda p, _: [paths.teacher_mlm() / "model"],
     params=lambda p, _: {"seed": p.seed, "teacher": p.teacher.model_dump(mode="json"),
                          "pretrain": p.pretrain.model_dump(mode="json")},
+    code=("distillery/training", "distillery/models.py", "distillery/corpus.py", "tasks/teacher.py"),
 )
 FINETUNE_TEACHER = Stage(
     "finetune_teacher", run_finetune_teacher,
@@ -133,4 +134,5 @@ FINETUNE_TEACHER = Stage(
     outs=lambda p, t: [paths.teacher(t) / "model"],
     params=lambda p, t: {"seed": p.seed, "max_length": p.data.max_length, "finetune": p.finetune.model_dump(mode="json"),
                          "teacher": p.teacher.model_dump(mode="json") if not p.pretrain.enabled else None},
+    code=("distillery/training", "distillery/models.py", "distillery/glue", "tasks/teacher.py"),
 )
