@@ -18,13 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="distillery", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:  # a feature module not installed/built yet
-            if exc.name and name.startswith(exc.name):
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 
