@@ -96,19 +96,21 @@ def _runner(obj: Any, batch: int, seq_len: int, device: torch.device) -> Callabl
 
 def measure_latency(models: Mapping[str, Any], *, batch: int = 1, seq_len: int = 128, reps: int = 20,
                     warmup: int = 3, reference: str | None = None,
-                    device: str | torch.device | None = None) -> dict[str, LatencyResult]:
+                    device: str | torch.device | None = None, calls: int = 1) -> dict[str, LatencyResult]:
     """Time every model interleaved in one process and return {name: LatencyResult}.
 
     `models` values: an nn.Module (fed random (batch, seq_len) inputs drawn from its vocabulary), an
     onnxruntime.InferenceSession (fed the same shapes by input name), or a zero-argument callable
     that runs one batch (its batch size is taken to be `batch`). `reference` names the model the
     speedups are relative to (default: the first). `device` "cpu"/"cuda" (default: cuda if present,
-    only applied to nn.Modules).
+    only applied to nn.Modules). `calls`: consecutive calls per timed sample (their mean is the sample),
+    so each model is timed with its weights in cache, as when it serves requests back to back; the
+    models still alternate between samples.
     """
     if not models:
         raise ValueError("measure_latency needs at least one model")
-    if reps < 1 or warmup < 0:
-        raise ValueError(f"reps must be >= 1 and warmup >= 0, got reps={reps}, warmup={warmup}")
+    if reps < 1 or warmup < 0 or calls < 1:
+        raise ValueError(f"reps and calls must be >= 1 and warmup >= 0, got reps={reps}, calls={calls}, warmup={warmup}")
     if reference is not None and reference not in models:
         raise KeyError(f"reference model {reference!r} is not among {sorted(models)}")
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -119,10 +121,11 @@ def measure_latency(models: Mapping[str, Any], *, batch: int = 1, seq_len: int =
         if cuda:
             torch.cuda.synchronize(dev)
         t0 = time.perf_counter()
-        fn()
+        for _ in range(calls):
+            fn()
         if cuda:
             torch.cuda.synchronize(dev)
-        return time.perf_counter() - t0
+        return (time.perf_counter() - t0) / calls
 
     for _ in range(warmup):
         for fn in runners.values():
