@@ -34,16 +34,11 @@ def predict_logits(model, tokenizer, encoded: datasets.Dataset, *, batch_size: i
     return np.concatenate(out) if out else np.zeros((0, model.config.num_labels), dtype=np.float32)
 
 
-def as_predictions(task: str, logits: np.ndarray) -> np.ndarray:
-    spec = glue.get_task(task)
-    return logits[:, 0] if spec.is_regression else logits.argmax(-1)
-
-
 def evaluate_model(
     model_dir: str | os.PathLike, task: str, data: datasets.DatasetDict, *, max_length: int,
     batch_size: int = 64,
 ) -> tuple[dict[str, float], np.ndarray | None]:
-    """Dev metrics (GLUE names; {} without a dev split) and test predictions (None without a test split)."""
+    """Dev metrics (GLUE names; {} without a dev split) and test logits (None without a test split)."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model directory not found: {model_dir}")
@@ -54,8 +49,8 @@ def evaluate_model(
     if "dev" in encoded:
         dev = encoded["dev"]
         logits = predict_logits(model, tokenizer, dev, batch_size=batch_size)
-        metrics = glue.compute_metrics(task, as_predictions(task, logits), np.asarray(dev["labels"][:]))
+        metrics = glue.compute_metrics(task, logits, np.asarray(dev["labels"][:]))
     test = None
     if "test" in encoded:
-        test = as_predictions(task, predict_logits(model, tokenizer, encoded["test"], batch_size=batch_size))
+        test = predict_logits(model, tokenizer, encoded["test"], batch_size=batch_size)
     return metrics, test

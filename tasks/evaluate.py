@@ -35,7 +35,7 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
     spec = glue.get_task(task)
     results: dict[str, dict[str, Any]] = {}
     for name, model_dir in evaluated_models(p, task).items():
-        metrics, test_predictions = evaluate_model(model_dir, task, data, max_length=p.data.max_length)
+        metrics, test_logits = evaluate_model(model_dir, task, data, max_length=p.data.max_length)
         model = AutoModelForSequenceClassification.from_pretrained(str(model_dir))
         counts = parameter_counts(model)
         results[name] = {
@@ -45,8 +45,8 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
             **metrics,
             "main": glue.main_score(task, metrics),
         }
-        if test_predictions is not None:
-            glue.write_submission(task, test_predictions, paths.predictions(task) / name, indices=data["test"]["idx"][:])
+        if test_logits is not None:
+            glue.write_submission(task, test_logits, paths.predictions(task) / name, indices=data["test"]["idx"][:])
         for extra in glue.tasks_evaluated_with(task)[1:]:  # MNLI-mm and AX from the MNLI model
             extra_data = DatasetDict({s: data[extra_split(extra, s)] for s in ("dev", "test")
                                       if extra_split(extra, s) in data})
@@ -72,7 +72,6 @@ def _export(p: Params, task: str, student: str, data, result: dict[str, Any]):
 
     from distillery import glue
     from distillery.efficiency import OnnxModel, disk_size_bytes, export_onnx, quantize_onnx
-    from distillery.evaluation import as_predictions
 
     model_dir = paths.student(student, task) / "model"
     out = paths.export(student, task)
@@ -82,7 +81,7 @@ def _export(p: Params, task: str, student: str, data, result: dict[str, Any]):
     int8 = OnnxModel(int8_path, vocab_size=len(tokenizer))
     dev = glue.encode(data, tokenizer, task, p.data.max_length)["dev"]
     features = {c: dev[c][:] for c in ("input_ids", "attention_mask", "token_type_ids") if c in dev.column_names}
-    metrics = glue.compute_metrics(task, as_predictions(task, int8.predict(features)), dev["labels"][:])
+    metrics = glue.compute_metrics(task, int8.predict(features), dev["labels"][:])
     result.update({
         "onnx_max_abs_diff": exported.max_abs_diff,
         "bytes_fp32_onnx": disk_size_bytes(out / "model.onnx"),

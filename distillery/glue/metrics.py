@@ -23,7 +23,8 @@ from distillery.glue.tasks import TaskSpec, get_task
 Selection = Literal["default", "accuracy"]
 
 
-def _as_predictions(spec: TaskSpec, predictions) -> np.ndarray:
+def as_predictions(spec: TaskSpec, predictions) -> np.ndarray:
+    """Scores (N,) for regression, class ids (N,) otherwise; accepts logits (N, C) or (N, 1)."""
     p = np.asarray(predictions)
     if spec.is_regression:
         if p.ndim == 2 and p.shape[1] == 1:
@@ -57,7 +58,7 @@ def compute_metrics(task: str | TaskSpec, predictions, labels) -> dict[str, floa
     labels: gold ids / scores; unlabeled rows (-1) are an error (test splits cannot be scored).
     """
     spec = get_task(task)
-    p = _as_predictions(spec, predictions)
+    p = as_predictions(spec, predictions)
     y = np.asarray(labels)
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]

@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from distillery.glue.metrics import as_predictions
 from distillery.glue.tasks import GLUE_TASKS, TaskSpec, get_task
 from distillery.io import atomic_path, write_text
 
@@ -38,23 +39,14 @@ def submission_filename(task: str | TaskSpec) -> str:
 def format_predictions(task: str | TaskSpec, predictions) -> list[str]:
     """Prediction strings: label names (class ids or logits in), or clipped 3-decimal STS-B scores."""
     spec = get_task(task)
-    p = np.asarray(predictions)
+    raw = np.asarray(predictions)
+    if not spec.is_regression and raw.ndim == 1 and not np.issubdtype(raw.dtype, np.integer):
+        raise ValueError(f"{spec.name}: class-id predictions must be integers, got dtype {raw.dtype}")
+    p = as_predictions(spec, raw)
     if spec.is_regression:
-        if p.ndim == 2 and p.shape[1] == 1:
-            p = p[:, 0]
-        if p.ndim != 1:
-            raise ValueError(f"{spec.name}: regression predictions must be (N,) or (N, 1), got {p.shape}")
         if not np.all(np.isfinite(p)):
             raise ValueError(f"{spec.name}: non-finite score predictions")
-        return [f"{v:.3f}" for v in np.clip(p.astype(np.float64), 0.0, 5.0)]
-    if p.ndim == 2:
-        if p.shape[1] != spec.num_labels:
-            raise ValueError(f"{spec.name}: logits have {p.shape[1]} classes, task has {spec.num_labels}")
-        p = p.argmax(axis=-1)
-    if p.ndim != 1:
-        raise ValueError(f"{spec.name}: predictions must be class ids (N,) or logits (N, C), got {p.shape}")
-    if not np.issubdtype(p.dtype, np.integer):
-        raise ValueError(f"{spec.name}: class-id predictions must be integers, got dtype {p.dtype}")
+        return [f"{v:.3f}" for v in np.clip(p, 0.0, 5.0)]
     if np.any(p < 0) or np.any(p >= spec.num_labels):
         raise ValueError(f"{spec.name}: class ids outside 0..{spec.num_labels - 1}")
     return [spec.labels[int(i)] for i in p]
