@@ -105,6 +105,8 @@ def run_finetune_teacher(p: Params, task: str) -> dict[str, Any]:
     data = glue.encode(load_task(task), tokenizer, task, p.data.max_length)
     model = load_teacher(source, head="sequence-classification", num_labels=spec.num_labels,
                          regression=spec.is_regression)
+    if not spec.is_regression:  # the task's label names travel with the teacher and its students
+        model.config.id2label, model.config.label2id = spec.id2label, spec.label2id
     compute, main = metric_fns(task)
     out = paths.teacher(task)
     finetune(model, data["train"], data["dev"], out, compute_metrics=compute, main_score=main, tokenizer=tokenizer,
