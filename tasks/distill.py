@@ -10,7 +10,7 @@ from typing import Any
 
 from tasks import paths
 from tasks.stage import Stage, split_item
-from tasks.teacher import finish, load_task, metric_fns, teacher_source, train_options
+from tasks.teacher import finish, load_task, teacher_source, train_options
 
 from distillery.config import Params
 from distillery.io import atomic_dir
@@ -71,6 +71,7 @@ def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
     from distillery.models import build_student
     from distillery.training.distill import distill
     from distillery.training.grid import prediction_grid
+    from distillery.training.metrics import glue_metrics
 
     student, task = split_item(item)
     spec = glue.get_task(task)
@@ -98,7 +99,7 @@ def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
 
     # Step 2: prediction layer over the paper's grid; teacher logits computed once and reused by every run.
     pr = td.prediction
-    compute, main = metric_fns(task)
+    compute, main = glue_metrics(task)
     grid = prediction_grid(
         teacher, lambda: AutoModelForSequenceClassification.from_pretrained(str(step1), **labels), train, dev,
         out / "grid", compute_metrics=compute, main_score=main, learning_rates=pr.lrs, batch_sizes=pr.batch_sizes,

@@ -101,9 +101,9 @@ def _stamp_path(stage: Stage, item: str | None) -> Path:
     return STAMPS / f"{stage.name}@{item or '-'}"
 
 
-def is_fresh(stage: Stage, params: Params, item: str | None, key: str | None = None) -> bool:
+def is_fresh(stage: Stage, params: Params, item: str | None) -> bool:
     """True when every output exists and was last written under this key (so a cache hit is valid)."""
-    key = key or stage_key(stage, params, item)
+    key = stage_key(stage, params, item)
     stamp = _stamp_path(stage, item)
     outputs_ok = all(Path(o).exists() for o in stage.outs(params, item))
     return outputs_ok and stamp.is_file() and stamp.read_text().strip() == key

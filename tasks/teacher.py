@@ -86,18 +86,13 @@ def load_task(task: str):
     return datasets.load_from_disk(str(paths.task_data(task)))
 
 
-def metric_fns(task: str):
-    from distillery import glue
-
-    return (lambda preds, labels: glue.compute_metrics(task, preds, labels)), (lambda m: glue.main_score(task, m))
-
-
 def run_finetune_teacher(p: Params, task: str) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from distillery import glue
     from distillery.models import load_teacher
     from distillery.training.finetune import finetune
+    from distillery.training.metrics import glue_metrics
 
     spec = glue.get_task(task)
     source = teacher_source(p)
@@ -107,7 +102,7 @@ def run_finetune_teacher(p: Params, task: str) -> dict[str, Any]:
                          regression=spec.is_regression)
     if not spec.is_regression:  # the task's label names travel with the teacher and its students
         model.config.id2label, model.config.label2id = spec.id2label, spec.label2id
-    compute, main = metric_fns(task)
+    compute, main = glue_metrics(task)
     out = paths.teacher(task)
     finetune(model, data["train"], data["dev"], out, compute_metrics=compute, main_score=main, tokenizer=tokenizer,
              args=train_options(p.finetune, p.seed))
