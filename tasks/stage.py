@@ -37,25 +37,34 @@ class Stage:
     code: tuple[str, ...] = field(default=())  # the source files/packages whose content is the stage's code version
 
 
-def _hash_file(path: Path, h) -> None:
+@lru_cache(maxsize=4096)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    """sha256 of a file's bytes, memoised by (path, size, mtime): a stage's key is needed several times
+    per run (freshness check, Prefect cache key, stamp) and must not re-read model weights each time."""
+    h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
+    return h.hexdigest()
+
+
+def _digest(path: Path) -> str:
+    st = path.stat()
+    return _file_digest(str(path.resolve()), st.st_size, st.st_mtime_ns)
 
 
 def fingerprint(path: str | Path) -> str:
     """Content hash of a file or directory (relative names + bytes); 'missing' when absent."""
     path = Path(path)
-    h = hashlib.sha256()
     if path.is_file():
-        _hash_file(path, h)
-    elif path.is_dir():
-        for p in sorted(path.rglob("*")):
-            if p.is_file() and not p.name.startswith("."):
-                h.update(str(p.relative_to(path)).encode())
-                _hash_file(p, h)
-    else:
+        return _digest(path)
+    if not path.is_dir():
         return "missing"
+    h = hashlib.sha256()
+    for p in sorted(path.rglob("*")):
+        if p.is_file() and not p.name.startswith("."):
+            h.update(str(p.relative_to(path)).encode())
+            h.update(_digest(p).encode())
     return h.hexdigest()
 
 
