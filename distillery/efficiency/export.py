@@ -258,7 +258,14 @@ def _onnx_vocab_size(path: Path) -> int | None:
 
 
 class OnnxModel:
-    """An ONNX Runtime CPU session: `model(**arrays)` -> first output; `predict(features)` batched."""
+    """An ONNX Runtime CPU session: `model(**arrays)` -> first output; `predict(features)` batched.
+
+    Worker threads busy-wait between operators during a call (ONNX Runtime's default) but stop
+    when the call returns (`session.force_spinning_stop`): a thread still spinning after the call
+    keeps its core from whatever runs next (another session, PyTorch, the tokenizer). Interleaved
+    with other models on 2 cores, TinyBERT4 int8 at batch 1 took 13.2 ms with the default spinning
+    and 7.5 ms with it stopped after each call.
+    """
 
     def __init__(self, path: str | os.PathLike, *, threads: int | None = None, optimize: bool = True,
                  vocab_size: int | None = None):
@@ -270,6 +277,7 @@ class OnnxModel:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads or torch.get_num_threads()
         opts.inter_op_num_threads = 1
+        opts.add_session_config_entry("session.force_spinning_stop", "1")
         opts.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
                                          else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
         opts.log_severity_level = 3
