@@ -132,12 +132,19 @@ def _header(tasks: list[str]) -> list[str]:
     return ["System", "#Params", "#FLOPs", "Speedup"] + [t.upper() for t in tasks] + ["Avg", "Retention"]
 
 
+def _intro(rows: list[dict[str, Any]]) -> str:
+    text = ("Dev-set scores (x100), parameters, FLOPs per example and speedup over the teacher; "
+            "retention = student average / teacher average.")
+    if any(r["model"].endswith("-int8") for r in rows):
+        text += " Rows ending in -int8: the student above, exported to ONNX with int8 dynamic quantisation."
+    return text
+
+
 def render_markdown(tasks: list[str], rows: list[dict[str, Any]]) -> str:
     head = _header(tasks)
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     lines += ["| " + " | ".join(_cells(tasks, r)) + " |" for r in rows]
-    return ("Dev-set scores (x100), parameters, FLOPs per example and speedup over the teacher; "
-            "retention = student average / teacher average.\n\n" + "\n".join(lines) + "\n")
+    return _intro(rows) + "\n\n" + "\n".join(lines) + "\n"
 
 
 def render_html(tasks: list[str], rows: list[dict[str, Any]], images: list[str]) -> str:
@@ -147,8 +154,7 @@ def render_html(tasks: list[str], rows: list[dict[str, Any]], images: list[str])
     return ("<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>distillery report</title>\n"
             "<style>table{border-collapse:collapse;font-family:sans-serif}td,th{border:1px solid #999;"
             "padding:4px 8px;text-align:right}td:first-child,th:first-child{text-align:left}</style></head><body>\n"
-            "<h1>Students vs teacher</h1>\n<p>Dev-set scores (x100), parameters, FLOPs per example and speedup "
-            "over the teacher; retention = student average / teacher average.</p>\n"
+            f"<h1>Students vs teacher</h1>\n<p>{html.escape(_intro(rows))}</p>\n"
             f"<table><thead><tr>{th}</tr></thead><tbody>\n{body}</tbody></table>\n{imgs}</body></html>\n")
 
 

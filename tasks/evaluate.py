@@ -93,20 +93,26 @@ def _export(p: Params, task: str, student: str, data, result: dict[str, Any]):
 
 
 def _add_latency(p: Params, task: str, results: dict[str, dict[str, Any]], sessions: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Latency, throughput and speedup over the teacher on CPU (with the int8 ONNX sessions) and, when
+    a GPU is present, again on it: keys latency_ms_b<batch>[_int8|_cuda], throughput_b..., speedup_b..."""
+    import torch
     from transformers import AutoModelForSequenceClassification
 
     from distillery.efficiency import measure_latency
 
     models = {name: AutoModelForSequenceClassification.from_pretrained(str(d)).eval()
               for name, d in evaluated_models(p, task).items()}
-    models.update(sessions)
-    for batch in p.evaluation.latency_batch_sizes:
-        table = measure_latency(models, batch=batch, seq_len=p.evaluation.latency_seq_len, reps=10,
-                                reference="teacher")
-        for name, row in table.items():
-            target, suffix = (name[: -len("-int8")], "_int8") if name in sessions else (name, "")
-            results[target][f"latency_ms_b{batch}{suffix}"] = round(row.median_ms, 3)
-            results[target][f"speedup_b{batch}{suffix}"] = round(row.speedup, 3)
+    for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
+        timed = {**models, **sessions} if device == "cpu" else models
+        for batch in p.evaluation.latency_batch_sizes:
+            table = measure_latency(timed, batch=batch, seq_len=p.evaluation.latency_seq_len, reps=10,
+                                    reference="teacher", device=device)
+            for name, row in table.items():
+                target, suffix = (name[: -len("-int8")], "_int8") if name in sessions else (name, "")
+                suffix += "" if device == "cpu" else f"_{device}"
+                results[target][f"latency_ms_b{batch}{suffix}"] = round(row.median_ms, 3)
+                results[target][f"throughput_b{batch}{suffix}"] = round(row.throughput, 1)
+                results[target][f"speedup_b{batch}{suffix}"] = round(row.speedup, 3)
     return results
 
 
@@ -156,7 +162,22 @@ def _summary(p: Params) -> dict[str, Any]:
             if name != "teacher":
                 entry["retention"] = r["main"] / teacher_main if teacher_main else float("nan")
             summary[task][name] = entry
+            if "int8_main_change" in r:  # the student's int8 ONNX export, as a row of its own
+                summary[task][f"{name}-int8"] = _int8_entry(r, teacher_main)
     return summary
+
+
+def _int8_entry(r: dict[str, Any], teacher_main: float) -> dict[str, Any]:
+    """The int8 export's metrics (int8_<metric>) and timings (<timing>_int8) under the plain names."""
+    entry = {k: r[k] for k in ("params", "flops") if k in r}
+    entry.update({k[len("int8_"):]: v for k, v in r.items() if k.startswith("int8_") and k != "int8_main_change"})
+    entry.update({k[: -len("_int8")]: v for k, v in r.items() if k.endswith("_int8")})
+    if "bytes_int8_onnx" in r:
+        entry["bytes_onnx"] = r["bytes_int8_onnx"]
+    main = r["main"] + r["int8_main_change"]
+    entry["main_change_vs_fp32"] = r["int8_main_change"]
+    entry["retention"] = main / teacher_main if teacher_main else float("nan")
+    return entry
 
 
 EVALUATE = Stage(

@@ -78,8 +78,12 @@ def test_pipeline_writes_summary_report_and_registry(prefect_project):
     assert student["retention"] == pytest.approx(student["accuracy"] / teacher["accuracy"])
     assert student["onnx_max_abs_diff"] <= 1e-4
     assert "int8_accuracy" in student and "latency_ms_b1" in student
+    int8 = summary["demo"]["micro-int8"]  # the int8 ONNX export: its own row, next to its fp32 student
+    assert int8["accuracy"] == student["int8_accuracy"]
+    assert int8["latency_ms_b1"] == student["latency_ms_b1_int8"]
+    assert int8["main_change_vs_fp32"] == pytest.approx(int8["accuracy"] - student["accuracy"])
     for name in ("table.md", "table.html"):
-        assert (project / "reports" / name).is_file()
+        assert "micro-int8" in (project / "reports" / name).read_text()
     assert (project / "data" / "predictions" / "demo" / "micro" / "demo.tsv").is_file()
     assert (project / "reports" / "submission" / "micro.zip").is_file()
     record = json.loads((project / "metrics" / "registry" / "micro-demo.json").read_text())

@@ -37,6 +37,15 @@ def test_markdown_layout_like_table1():
     assert lines[2].startswith("| teacher (teacher) | 109.0M | 22.3B | 1.0x | 92.0 | 86.0 | 87.0 |")
     assert lines[3].startswith("| tiny4 | 14.5M | 1.2B | 10.0x | 88.0 | 81.0 | 79.0 | 82.7 |")
     assert lines[3].endswith(f"| {100 * (0.88 + 0.81 + 0.79) / (0.92 + 0.86 + 0.87):.1f}% |")
+    assert "-int8" not in md
+
+
+def test_int8_rows_are_explained():
+    summary = {"sst2": {**SUMMARY["sst2"], "tiny4-int8": {"params": 14_500_000, "accuracy": 0.87, "retention": 0.95}}}
+    tasks, rows = build_rows(summary, latency={"teacher": 100.0, "tiny4": 10.0, "tiny4-int8": 5.0})
+    assert [r["model"] for r in rows] == ["teacher", "tiny4", "tiny4-int8"]
+    assert rows[2]["speedup"] == pytest.approx(20.0)
+    assert "Rows ending in -int8" in render_markdown(tasks, rows)
 
 
 def _png_size(path):
