@@ -9,9 +9,17 @@ import transformers
 from distillery.efficiency import LatencyResult, latency_table, measure_latency
 
 
+def _busy(seconds):
+    """A callable that keeps the CPU busy for `seconds` (sleep's wake-up latency varies too much on VMs)."""
+    def run():
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+    return run
+
+
 def test_callables_speedup_reflects_their_cost():
-    results = measure_latency({"slow": lambda: time.sleep(0.02), "fast": lambda: time.sleep(0.002)},
-                              batch=4, reps=5, warmup=1)
+    results = measure_latency({"slow": _busy(0.02), "fast": _busy(0.002)}, batch=4, reps=5, warmup=1)
     slow, fast = results["slow"], results["fast"]
     assert isinstance(slow, LatencyResult)
     assert slow.speedup == pytest.approx(1.0)
