@@ -187,6 +187,7 @@ def _save(fig: Any, path: Path) -> Path:
 
 def _scatter(rows: list[dict[str, Any]], key: str, xlabel: str, scale: float, path: Path) -> Path | None:
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     pts = [(float(r[key]) / scale, 100 * r["avg"] if abs(r["avg"]) <= 1 else r["avg"], r)
            for r in rows if r.get(key) is not None and r["avg"] is not None]
@@ -197,6 +198,10 @@ def _scatter(rows: list[dict[str, Any]], key: str, xlabel: str, scale: float, pa
         ax.scatter([x], [y], marker="*" if r["is_teacher"] else "o", s=120 if r["is_teacher"] else 50)
         ax.annotate(r["model"], (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
     ax.set_xscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")  # 2, 5, 10 rather than 2x10^0
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
+    ax.tick_params(axis="x", which="minor", labelsize=7)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("average dev score")
     ax.grid(True, alpha=0.3)
