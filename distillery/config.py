@@ -10,39 +10,24 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from distillery.recipes import (
+    RECIPE_NAMES,
+    Dims,
+    RecipeError,
+    Section,
+    Shape,
+    StudentRecipe,
+    check_recipe,
+    recipe_from_yaml,
+)
+
+INIT_KINDS = ("random", "teacher_layers", "checkpoint")
 
 
 class ConfigError(ValueError):
     """A params file that cannot be used; the message names the file and the key."""
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Shape(Section):
-    """A student or teacher shape: a preset name, or explicit numbers."""
-
-    preset: str | None = None
-    layers: int | None = Field(None, ge=1)
-    hidden: int | None = Field(None, ge=1)
-    heads: int | None = Field(None, ge=1)
-    intermediate: int | None = Field(None, ge=1)
-
-    @model_validator(mode="after")
-    def _preset_or_numbers(self) -> "Shape":
-        numbers = [self.layers, self.hidden, self.heads, self.intermediate]
-        if self.preset is None and any(n is None for n in numbers):
-            raise ValueError("give either `preset` or all of layers, hidden, heads, intermediate")
-        if self.preset is None and self.hidden % self.heads:
-            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
-        return self
-
-    def as_spec(self) -> str | dict[str, int]:
-        if self.preset is not None:
-            return self.preset
-        return {"layers": self.layers, "hidden": self.hidden, "heads": self.heads, "intermediate": self.intermediate}
 
 
 class TrainSection(Section):
@@ -137,19 +122,15 @@ class AugmentSection(Section):
     batch_size: int = Field(64, ge=1)
 
 
-class StudentSection(Section):
-    shape: Shape
-    layer_map: Literal["uniform", "top", "bottom", "last"] = "uniform"
-
-
 class GeneralDistillationSection(TrainSection):
-    enabled: bool = True
+    """Schedule of every student's general (pre-training) distillation and of MiniLM's teacher assistant;
+    the losses are the student's recipe's."""
+
     max_length: int = Field(64, ge=8, le=512)
-    objectives: dict[str, float] = Field(default_factory=lambda: {"attention": 1.0, "hidden": 1.0, "embedding": 1.0})
 
 
 class IntermediateSection(TrainSection):
-    objectives: dict[str, float] = Field(default_factory=lambda: {"attention": 1.0, "hidden": 1.0, "embedding": 1.0})
+    """TinyBERT task distillation step 1 (the student recipe's intermediate losses on the augmented set)."""
 
 
 class PredictionSection(Section):
@@ -201,15 +182,20 @@ class Params(Section):
     finetune: FinetuneSection = FinetuneSection()
     word_vectors: WordVectorsSection = WordVectorsSection()
     augment: AugmentSection = AugmentSection()
-    students: dict[str, StudentSection] = Field(min_length=1)
+    students: dict[str, StudentRecipe] = Field(min_length=1)
     general_distillation: GeneralDistillationSection = GeneralDistillationSection()
     task_distillation: TaskDistillationSection = TaskDistillationSection()
     evaluation: EvaluationSection = EvaluationSection()
     registry: RegistrySection = RegistrySection()
 
+    @field_validator("students", mode="before")
+    @classmethod
+    def _default_recipe(cls, v: Any) -> Any:
+        return {k: recipe_from_yaml(s) for k, s in v.items()} if isinstance(v, dict) else v
+
     @field_validator("students")
     @classmethod
-    def _student_names(cls, v: dict[str, StudentSection]) -> dict[str, StudentSection]:
+    def _student_names(cls, v: dict[str, StudentRecipe]) -> dict[str, StudentRecipe]:
         for name in v:
             if not name.replace("-", "").replace("_", "").isalnum():
                 raise ValueError(f"student name {name!r} must be letters, digits, '-' or '_'")
@@ -219,8 +205,13 @@ class Params(Section):
 def _format_error(path: str, exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-        msg = err["msg"]
+        loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+        if len(loc) > 2 and loc[0] == "students" and loc[2] in RECIPE_NAMES:
+            loc.pop(2)  # the recipe tag pydantic puts in the location of a tagged union
+        if len(loc) > 3 and loc[0] == "students" and loc[2] == "init" and loc[3] in INIT_KINDS:
+            loc.pop(3)
+        key = ".".join(str(p) for p in loc)
+        msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
         lines.append(f"{path}: {key or '<top>'}: {msg}")
@@ -228,6 +219,7 @@ def _format_error(path: str, exc: ValidationError) -> str:
 
 
 def parse_params(data: dict[str, Any], path: str = "params.yaml") -> Params:
+    """Validate the schema (types, ranges, names); no file is read."""
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     try:
@@ -236,8 +228,72 @@ def parse_params(data: dict[str, Any], path: str = "params.yaml") -> Params:
         raise ConfigError(_format_error(path, exc)) from None
 
 
-def load_params(path: str | Path = "params.yaml") -> Params:
-    """Read and validate a params file; raise ConfigError naming the file and key on any problem."""
+def resolve_path(path: str, root: Path) -> Path:
+    """A params path: absolute, ~-expanded, or relative to the project root."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else (root / p).resolve()
+
+
+def teacher_dims(p: Params, root: Path) -> Dims | None:
+    """The teacher's dims from its params shape or its local config.json; None for a Hub name (read at stage time)."""
+    t = p.teacher
+    if t.init == "scratch":
+        from distillery.models import ModelConfigError
+
+        try:
+            return Dims.of_shape(t.shape.resolve(), t.vocab_size)
+        except ModelConfigError as exc:
+            raise ConfigError(f"teacher.shape: {exc}") from None
+    local = resolve_path(t.name_or_path, root)
+    if not local.exists():
+        return None
+    if not (local / "config.json").is_file():
+        raise ConfigError(f"teacher.name_or_path: {local} has no config.json (not a model directory)")
+    from transformers import AutoConfig
+
+    return Dims.of_config(AutoConfig.from_pretrained(str(local)))
+
+
+def has_mlm_head(name_or_path: str, root: Path) -> bool | None:
+    """Whether a local checkpoint was saved with an MLM head (None when it cannot be told: a Hub name)."""
+    local = resolve_path(name_or_path, root)
+    if not (local / "config.json").is_file():
+        return None
+    import json
+
+    archs = json.loads((local / "config.json").read_text(encoding="utf-8")).get("architectures") or []
+    return any(a.endswith(("ForMaskedLM", "ForPreTraining")) for a in archs)
+
+
+def check_params(p: Params, path: str = "params.yaml", root: Path | None = None) -> Params:
+    """What params alone can tell beyond the schema: every student recipe against its teacher (layer maps,
+    heads, widths, relation heads, teacher layers, MLM head for pre-training distillation), local checkpoints."""
+    root = Path(root) if root is not None else Path(path).resolve().parent
+    if root.name == "params":  # a preset in params/: paths are relative to the project root
+        root = root.parent
+    teacher = teacher_dims(p, root)
+    mlm_teacher = p.pretrain.enabled or (p.teacher.init == "pretrained" and has_mlm_head(p.teacher.name_or_path, root))
+    for name, recipe in p.students.items():
+        key = f"students.{name}"
+        if recipe.init.kind == "checkpoint":
+            ckpt = resolve_path(recipe.init.checkpoint, root)
+            looks_local = recipe.init.checkpoint.startswith((".", "/", "~")) or recipe.init.checkpoint.count("/") > 1
+            if looks_local and not (ckpt / "config.json").is_file():
+                raise ConfigError(f"{path}: {key}.init.checkpoint: {ckpt} is not a model directory (no config.json)")
+        if recipe.needs_mlm_teacher and mlm_teacher is False:
+            raise ConfigError(f"{path}: {key}: pre-training distillation needs a teacher with an MLM head: set "
+                              "pretrain.enabled, or a teacher checkpoint saved with one")
+        if teacher is not None:
+            try:
+                check_recipe(recipe, teacher, key)
+            except RecipeError as exc:
+                raise ConfigError(f"{path}: {exc}") from None
+    return p
+
+
+def load_params(path: str | Path = "params.yaml", *, check: bool = True) -> Params:
+    """Read and validate a params file; raise ConfigError naming the file and key on any problem.
+    ``check`` also runs :func:`check_params` (reads the teacher's config.json when it is local)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: params file not found")
@@ -245,4 +301,5 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    return parse_params(data, str(path))
+    p = parse_params(data, str(path))
+    return check_params(p, str(path)) if check else p

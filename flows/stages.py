@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tasks.augment import AUGMENT
 from tasks.data import PREPARE_CORPUS, PREPARE_TASK, WORD_VECTORS
-from tasks.distill import GENERAL_DISTILLATION, TASK_DISTILLATION
+from tasks.distill import GENERAL_DISTILLATION, TASK_DISTILLATION, TEACHER_ASSISTANT, needs_assistant
 from tasks.evaluate import EVALUATE, REPORT
 from tasks.register import REGISTER
 from tasks.stage import Stage
@@ -14,7 +14,7 @@ from distillery.config import Params
 
 STAGES: dict[str, Stage] = {s.name: s for s in (
     PREPARE_CORPUS, PREPARE_TASK, PRETRAIN, WORD_VECTORS, FINETUNE_TEACHER, AUGMENT,
-    GENERAL_DISTILLATION, TASK_DISTILLATION, EVALUATE, REGISTER, REPORT,
+    TEACHER_ASSISTANT, GENERAL_DISTILLATION, TASK_DISTILLATION, EVALUATE, REGISTER, REPORT,
 )}
 
 
@@ -29,7 +29,8 @@ def items(stage: str, p: Params) -> list[str | None]:
         "word_vectors": [None] if p.augment.enabled else [],
         "finetune_teacher": tasks,
         "augment": tasks if p.augment.enabled else [],
-        "general_distillation": students if p.general_distillation.enabled else [],
+        "teacher_assistant": [s for s in students if needs_assistant(p, s)],
+        "general_distillation": [s for s in students if p.students[s].runs_general],
         "task_distillation": pairs,
         "evaluate": tasks,
         "register": pairs if p.registry.enabled else [],

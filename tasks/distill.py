@@ -1,6 +1,13 @@
-"""Distillation stages: general distillation (per student) and two-step task distillation (per student
-and task): step 1 intermediate layers on the augmented set, step 2 the prediction layer over the paper's
-small grid (lr x batch size), best on dev."""
+"""Distillation stages, driven by each student's recipe (`distillery.recipes`):
+
+* `teacher_assistant` (MiniLM students that need one, Sec. 3.3): an L-layer, d'-wide assistant distilled from
+  the teacher with the student's own objectives;
+* `general_distillation` (per student): TinyBERT / MiniLM / MobileBERT layer-wise distillation, or DistilBERT's
+  pre-training distillation, on the corpus; skipped for students initialised from a general checkpoint;
+* `task_distillation` (per student and task): TinyBERT's two steps (intermediate layers on the augmented set,
+  then the prediction layer over the grid), or fine-tuning over the grid for MiniLM / DistilBERT / MobileBERT
+  (then, for DistilBERT with `task_distillation: true`, prediction-layer distillation from the fine-tuned teacher).
+"""
 
 from __future__ import annotations
 
@@ -13,128 +20,261 @@ from tasks.stage import Stage, split_item
 from tasks.teacher import finish, load_task, teacher_source, train_options
 
 from distillery.config import Params
-from distillery.io import atomic_dir
+
+TRAINING_CODE = ("distillery/training", "distillery/objectives", "distillery/capture.py", "distillery/layer_map.py",
+                 "distillery/models.py", "distillery/recipes.py", "distillery/config.py")
 
 
-def _student_shape(p: Params, student: str):
-    from distillery.models import resolve_shape
+def _assistant_dims(p: Params, student: str):
+    """The teacher assistant's dims for a MiniLM student, or None (no assistant)."""
+    from distillery.recipes import MiniLMRecipe, student_dims, teacher_assistant_dims
 
-    return resolve_shape(p.students[student].shape.as_spec())
-
-
-def _layer_map(p: Params, student_model, teacher_model, student: str):
-    from distillery.layer_map import build_layer_map
-    from distillery.models import num_layers
-
-    return build_layer_map(p.students[student].layer_map, num_layers(student_model), num_layers(teacher_model))
+    recipe = p.students[student]
+    if not isinstance(recipe, MiniLMRecipe) or not recipe.runs_general:
+        return None
+    teacher = _teacher_dims(p)
+    return teacher_assistant_dims(recipe, student_dims(recipe, teacher, f"students.{student}"), teacher)
 
 
-def run_general_distillation(p: Params, student: str) -> dict[str, Any]:
-    from transformers import AutoModel, AutoTokenizer
+def _teacher_dims(p: Params):
+    from transformers import AutoConfig
 
+    from distillery.config import teacher_dims
+    from distillery.recipes import Dims
+
+    dims = teacher_dims(p, paths.ROOT)
+    return dims if dims is not None else Dims.of_config(AutoConfig.from_pretrained(teacher_source(p)))
+
+
+def needs_assistant(p: Params, student: str) -> bool:
+    return _assistant_dims(p, student) is not None
+
+
+def _corpus_dataset(p: Params, tokenizer):
     from distillery import corpus
-    from distillery.models import build_student
-    from distillery.training.distill import distill
     from distillery.training.mlm import tokenize_texts
 
+    gd = p.general_distillation
+    texts = corpus.pack_sequences(corpus.read_sentences(paths.corpus()), tokenizer, gd.max_length)
+    return tokenize_texts(texts, tokenizer, gd.max_length), len(texts)
+
+
+def _layer_map(recipe, n_student: int, n_teacher: int):
+    from distillery.layer_map import LayerMap, build_layer_map
+    from distillery.recipes import MiniLMRecipe, MobileBertRecipe
+
+    if isinstance(recipe, MiniLMRecipe):
+        return build_layer_map("last", n_student, n_teacher)
+    if isinstance(recipe, MobileBertRecipe):  # every block output and every layer's attention, one to one
+        return LayerMap(hidden=tuple((i, i) for i in range(1, n_student + 1)),
+                        attention=tuple((i, i) for i in range(n_student)))
+    return build_layer_map(recipe.layer_map, n_student, n_teacher)
+
+
+def run_teacher_assistant(p: Params, student: str) -> dict[str, Any]:
+    from transformers import AutoModel, AutoTokenizer
+
+    from distillery.models import build_student
+    from distillery.training.distill import distill
+
+    recipe = p.students[student]
+    dims = _assistant_dims(p, student)
     source = teacher_source(p)
     tokenizer = AutoTokenizer.from_pretrained(source)
     teacher = AutoModel.from_pretrained(source)
-    model = build_student(_student_shape(p, student), len(tokenizer), head="base", base=teacher.config)
-    layer_map = _layer_map(p, model, teacher, student)
-    gd = p.general_distillation
-    texts = corpus.pack_sequences(corpus.read_sentences(paths.corpus()), tokenizer, gd.max_length)
-    train = tokenize_texts(texts, tokenizer, gd.max_length)
-    out = paths.general_student(student)
-    distill(teacher, model, train, None, out, layer_map=layer_map, objectives=dict(gd.objectives),
-            stage="intermediate", tokenizer=tokenizer, args=train_options(gd, p.seed))
+    shape = {"layers": dims.layers, "hidden": dims.hidden, "heads": dims.heads, "intermediate": dims.intermediate}
+    assistant = build_student(shape, len(tokenizer), head="base", base=teacher.config)
+    train, n = _corpus_dataset(p, tokenizer)
+    out = paths.teacher_assistant(student)
+    distill(teacher, assistant, train, None, out, layer_map=_layer_map(recipe, dims.layers, dims.layers),
+            objectives=recipe.weights, stage="intermediate", tokenizer=tokenizer,
+            args=train_options(p.general_distillation, p.seed), **recipe.options())
     final = finish(out)
-    return {"curve": final / "train_log.csv", "metrics": {"sequences": len(texts)}}
+    return {"curve": final / "train_log.csv", "metrics": {"sequences": n, "layers": dims.layers, "hidden": dims.hidden}}
 
 
-def _train_set(p: Params, task: str, tokenizer):
-    """The augmented set when augmentation is on (else the task's training split), encoded."""
+def run_general_distillation(p: Params, student: str) -> dict[str, Any]:
+    from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
+
+    from distillery.models import num_layers
+    from distillery.recipes import DistilBertRecipe, init_student
+    from distillery.training.distill import distill
+
+    recipe = p.students[student]
+    source = str(paths.teacher_assistant(student) / "model") if needs_assistant(p, student) else teacher_source(p)
+    tokenizer = AutoTokenizer.from_pretrained(teacher_source(p))
+    out = paths.general_student(student)
+    options = train_options(p.general_distillation, p.seed)
+    train, n = _corpus_dataset(p, tokenizer)
+    if isinstance(recipe, DistilBertRecipe):
+        from distillery.training.masking import SmoothedMaskingCollator, masking_weights, token_counts
+
+        teacher = AutoModelForMaskedLM.from_pretrained(source)
+        model = init_student(recipe, teacher, tokenizer, head="mlm")
+        train = train.select_columns(["input_ids"])
+        weights = masking_weights(token_counts(train["input_ids"], len(tokenizer)), recipe.mask_smoothing,
+                                  tokenizer.all_special_ids)
+        collator = SmoothedMaskingCollator(tokenizer, weights, recipe.mlm_probability, seed=p.seed)
+        distill(teacher, model, train, None, out, objectives=recipe.weights, stage="pretraining", tokenizer=tokenizer,
+                data_collator=collator, args={**options, **recipe.train_options()}, **recipe.options())
+    else:
+        teacher = AutoModel.from_pretrained(source)
+        model = init_student(recipe, teacher, tokenizer, head="base")
+        distill(teacher, model, train, None, out, layer_map=_layer_map(recipe, num_layers(model), num_layers(teacher)),
+                objectives=recipe.weights, stage="intermediate", tokenizer=tokenizer, args=options, **recipe.options())
+    final = finish(out)
+    return {"curve": final / "train_log.csv", "metrics": {"sequences": n}}
+
+
+def _train_set(p: Params, task: str, tokenizer, augmented: bool):
+    """The augmented set (when asked and augmentation is on; else the task's training split) and dev, encoded."""
     from datasets import DatasetDict
 
     from distillery import glue
 
     data = load_task(task)
-    train = glue.load_split_file(task, paths.augmented(task)) if p.augment.enabled else data["train"]
+    train = glue.load_split_file(task, paths.augmented(task)) if augmented and p.augment.enabled else data["train"]
     encoded = glue.encode(DatasetDict({"train": train, "dev": data["dev"]}), tokenizer, task, p.data.max_length)
     return encoded["train"], encoded["dev"]
+
+
+def _task_student(p: Params, student: str, teacher, tokenizer, labels: dict[str, Any]):
+    """Where the task stage starts: the general student, or the recipe's init (teacher layers come from the
+    fine-tuned teacher, whose classifier is copied too; a checkpoint gets a fresh classifier)."""
+    from transformers import AutoModelForSequenceClassification
+
+    from distillery.recipes import init_student
+
+    recipe = p.students[student]
+    if recipe.runs_general:
+        return lambda: AutoModelForSequenceClassification.from_pretrained(
+            str(paths.general_student(student) / "model"), **labels)
+    return lambda: init_student(recipe, teacher, tokenizer, head="sequence-classification", **labels)
 
 
 def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from distillery import glue
-    from distillery.models import build_student
     from distillery.training.distill import distill
     from distillery.training.grid import prediction_grid
     from distillery.training.metrics import glue_metrics
 
     student, task = split_item(item)
+    recipe = p.students[student]
     spec = glue.get_task(task)
     teacher_dir = paths.teacher(task) / "model"
     tokenizer = AutoTokenizer.from_pretrained(str(teacher_dir))
     teacher = AutoModelForSequenceClassification.from_pretrained(str(teacher_dir))
     labels = {"num_labels": spec.num_labels, "id2label": teacher.config.id2label, "label2id": teacher.config.label2id}
-    general = paths.general_student(student) / "model"
-    if p.general_distillation.enabled:
-        model = AutoModelForSequenceClassification.from_pretrained(str(general), **labels)
-    else:
-        model = build_student(_student_shape(p, student), len(tokenizer), head="sequence-classification",
-                              num_labels=spec.num_labels, base=teacher.config)
-    layer_map = _layer_map(p, model, teacher, student)
-    train, dev = _train_set(p, task, tokenizer)
+    if spec.is_regression:
+        labels["problem_type"] = "regression"
+    start = _task_student(p, student, teacher, tokenizer, labels)
+    distilled = recipe.TASK_STAGE == "distill"
+    train, dev = _train_set(p, task, tokenizer, augmented=distilled)
     out = paths.student(student, task)
-    td = p.task_distillation
-
-    # Step 1: intermediate layers (attention + hidden + embedding), continuing the general projection.
-    step1 = distill(teacher, model, train, None, out / "intermediate", layer_map=layer_map,
-                    objectives=dict(td.intermediate.objectives), stage="intermediate",
-                    projection=general if p.general_distillation.enabled else None, tokenizer=tokenizer,
-                    args=train_options(td.intermediate, p.seed))
-    shutil.rmtree(out / "intermediate" / "checkpoints", ignore_errors=True)
-
-    # Step 2: prediction layer over the paper's grid; teacher logits computed once and reused by every run.
-    pr = td.prediction
+    pr = p.task_distillation.prediction
     compute, main = glue_metrics(task)
-    grid = prediction_grid(
-        teacher, lambda: AutoModelForSequenceClassification.from_pretrained(str(step1), **labels), train, dev,
-        out / "grid", compute_metrics=compute, main_score=main, learning_rates=pr.lrs, batch_sizes=pr.batch_sizes,
-        epochs=pr.epochs, cache=pr.cache_teacher_logits, tokenizer=tokenizer, temperature=pr.temperature,
-        regression_target=pr.regression_target, warmup_steps=pr.warmup_ratio, seed=p.seed,
-        per_device_eval_batch_size=64, save_total_limit=1, logging_steps=5,
-    )
+    grid_args = dict(compute_metrics=compute, main_score=main, learning_rates=pr.lrs, batch_sizes=pr.batch_sizes,
+                     epochs=pr.epochs, tokenizer=tokenizer, warmup_steps=pr.warmup_ratio, seed=p.seed,
+                     per_device_eval_batch_size=64, save_total_limit=1, logging_steps=5)
+    distill_args = dict(cache=pr.cache_teacher_logits, temperature=pr.temperature,
+                        regression_target=pr.regression_target,
+                        prediction_reduction=getattr(recipe, "prediction_reduction", "paper"))
+    curve = None
+    if distilled:
+        # Step 1: intermediate layers on the augmented set, continuing the general student's projection.
+        from distillery.models import num_layers
+
+        model = start()
+        step1 = distill(teacher, model, train, None, out / "intermediate",
+                        layer_map=_layer_map(recipe, num_layers(model), num_layers(teacher)),
+                        objectives=recipe.weights, stage="intermediate",
+                        projection=paths.general_student(student) / "model" if recipe.runs_general else None,
+                        tokenizer=tokenizer, args=train_options(p.task_distillation.intermediate, p.seed),
+                        **recipe.options())
+        shutil.rmtree(out / "intermediate" / "checkpoints", ignore_errors=True)
+        curve = step1 / "train_log.csv"
+        # Step 2: prediction layer over the grid; teacher logits computed once and reused by every run.
+        grid = prediction_grid(teacher, lambda: AutoModelForSequenceClassification.from_pretrained(str(step1), **labels),
+                               train, dev, out / "grid", **grid_args, **distill_args)
+    else:
+        grid = prediction_grid(None, start, train, dev, out / "grid", mode="finetune", **grid_args)
+        if getattr(recipe, "task_distillation", False):
+            best = grid.best_dir
+            grid = prediction_grid(teacher, str(best), train, dev, out / "grid-distill", **grid_args, **distill_args)
     for run in grid.results:
         shutil.rmtree(Path(run["model_dir"]).parent / "checkpoints", ignore_errors=True)
+    from distillery.io import atomic_dir
+
     with atomic_dir(out / "model") as tmp:
         shutil.copytree(grid.best_dir, tmp, dirs_exist_ok=True)
     best = grid.best
-    return {"curve": step1 / "train_log.csv", "artifacts": [str(out / "grid" / "grid.json")],
-            "metrics": {"best_lr": best["learning_rate"], "best_batch_size": best["batch_size"],
-                        "best_dev_main": best["main"]}}
+    result = {"artifacts": [str(grid.best_dir.parent.parent / "grid.json")],
+              "metrics": {"best_lr": best["learning_rate"], "best_batch_size": best["batch_size"],
+                          "best_dev_main": best["main"]}}
+    result["curve"] = curve or grid.best_dir / "train_log.csv"
+    return result
 
 
+def _teacher_source_deps(p: Params) -> list[Path]:
+    source = Path(teacher_source(p))
+    return [source] if source.exists() else []
+
+
+def _general_deps(p: Params, s: str) -> list[Path]:
+    deps = [paths.corpus()]
+    deps += [paths.teacher_assistant(s) / "model"] if needs_assistant(p, s) else _teacher_source_deps(p)
+    return deps + _checkpoint_deps(p, s)
+
+
+def _checkpoint_deps(p: Params, s: str) -> list[Path]:
+    from tasks.data import resolve
+
+    init = p.students[s].init
+    if init.kind != "checkpoint":
+        return []
+    local = resolve(init.checkpoint)
+    return [local] if local.exists() else []
+
+
+def _task_deps(p: Params, item: str) -> list[Path]:
+    student, task = split_item(item)
+    recipe = p.students[student]
+    deps = [paths.task_data(task), paths.teacher(task) / "model"]
+    if recipe.TASK_STAGE == "distill" and p.augment.enabled:
+        deps.append(paths.augmented(task))
+    if recipe.runs_general:
+        deps.append(paths.general_student(student) / "model")
+    return deps + _checkpoint_deps(p, student)
+
+
+def _student_params(p: Params, s: str) -> dict[str, Any]:
+    return {"seed": p.seed, "student": p.students[s].model_dump(mode="json"),
+            "general_distillation": p.general_distillation.model_dump(mode="json")}
+
+
+TEACHER_ASSISTANT = Stage(
+    "teacher_assistant", run_teacher_assistant,
+    deps=lambda p, s: [paths.corpus()] + _teacher_source_deps(p),
+    outs=lambda p, s: [paths.teacher_assistant(s) / "model"],
+    params=_student_params,
+    code=TRAINING_CODE + ("tasks/distill.py",),
+)
 GENERAL_DISTILLATION = Stage(
     "general_distillation", run_general_distillation,
-    deps=lambda p, s: [paths.corpus(), Path(teacher_source(p))] if Path(teacher_source(p)).exists() else [paths.corpus()],
+    deps=_general_deps,
     outs=lambda p, s: [paths.general_student(s) / "model"],
-    params=lambda p, s: {"seed": p.seed, "student": p.students[s].model_dump(mode="json"),
-                         "general_distillation": p.general_distillation.model_dump(mode="json")},
-    code=("distillery/training", "distillery/objectives", "distillery/capture.py", "distillery/layer_map.py",
-          "distillery/models.py", "tasks/distill.py"),
+    params=_student_params,
+    code=TRAINING_CODE + ("distillery/corpus.py", "tasks/distill.py"),
 )
 TASK_DISTILLATION = Stage(
     "task_distillation", run_task_distillation,
-    deps=lambda p, item: [paths.task_data(split_item(item)[1]), paths.teacher(split_item(item)[1]) / "model"]
-    + ([paths.augmented(split_item(item)[1])] if p.augment.enabled else [])
-    + ([paths.general_student(split_item(item)[0]) / "model"] if p.general_distillation.enabled else []),
+    deps=_task_deps,
     outs=lambda p, item: [paths.student(*split_item(item)) / "model"],
     params=lambda p, item: {"seed": p.seed, "max_length": p.data.max_length,
                             "student": p.students[split_item(item)[0]].model_dump(mode="json"),
+                            "augment": p.augment.enabled,
                             "task_distillation": p.task_distillation.model_dump(mode="json")},
-    code=("distillery/training", "distillery/objectives", "distillery/capture.py", "distillery/layer_map.py",
-          "distillery/models.py", "distillery/glue", "tasks/distill.py"),
+    code=TRAINING_CODE + ("distillery/glue", "tasks/distill.py"),
 )

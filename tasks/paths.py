@@ -45,6 +45,11 @@ def augmented(task: str) -> Path:
     return DATA / "augmented" / f"{task}.tsv"
 
 
+def teacher_assistant(student: str) -> Path:
+    """MiniLM's teacher assistant for one student (Sec. 3.3)."""
+    return MODELS / "assistant" / student
+
+
 def general_student(student: str) -> Path:
     return MODELS / "general" / student
 

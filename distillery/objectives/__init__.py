@@ -15,10 +15,9 @@ from .tinybert import (
     prediction_loss,
     regression_prediction_loss,
 )
-from .weights import ALIASES, OBJECTIVES, RECIPES, ObjectiveConfigError, ObjectiveWeights
+from .weights import OBJECTIVES, RECIPES, ObjectiveConfigError, ObjectiveWeights
 
 __all__ = [
-    "ALIASES",
     "HiddenProjection",
     "OBJECTIVES",
     "ObjectiveConfigError",

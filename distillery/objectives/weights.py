@@ -1,7 +1,8 @@
 """Objective weights from config: ``{loss_name: weight}`` with the names of the objective functions.
 
 Every objective is usable alone (a single non-zero weight) or combined (weighted sum), e.g.
-``ObjectiveWeights.from_config({"attention_loss": 1, "hidden_loss": 1, "embedding_loss": 1})``.
+``ObjectiveWeights.from_config({"attention_loss": 1, "hidden_loss": 1, "embedding_loss": 1})``. Each objective
+has one name, its function's name, in code and in params.
 """
 
 from __future__ import annotations
@@ -41,19 +42,13 @@ RECIPES: Mapping[str, Mapping[str, float]] = MappingProxyType(
         "tinybert-general": {"attention_loss": 1.0, "hidden_loss": 1.0, "embedding_loss": 1.0},
         "tinybert-intermediate": {"attention_loss": 1.0, "hidden_loss": 1.0, "embedding_loss": 1.0},
         "tinybert-prediction": {"prediction_loss": 1.0},
+        "tinybert-task": {"attention_loss": 1.0, "hidden_loss": 1.0, "embedding_loss": 1.0, "prediction_loss": 1.0},
         "minilm": {"attention_kl": 1.0, "value_relation_kl": 1.0},
         "minilmv2": {"relation_kl": 1.0},
         "mobilebert-layerwise": {"feature_map_loss": 1.0, "attention_transfer_loss": 1.0},
         "mobilebert-pretraining": {"pretraining_distillation_loss": 1.0},
         "distilbert": {"soft_target_loss": 5.0, "mlm_loss": 2.0, "cosine_loss": 1.0},
     }
-)
-
-
-#: Short names accepted in config files (e.g. ``{"attention": 1, "hidden": 1, "embedding": 1}``),
-#: stored under the canonical function name.
-ALIASES: Mapping[str, str] = MappingProxyType(
-    {"attention": "attention_loss", "hidden": "hidden_loss", "embedding": "embedding_loss", "prediction": "prediction_loss"}
 )
 
 
@@ -69,14 +64,10 @@ class ObjectiveWeights:
 
     def __post_init__(self) -> None:
         clean: dict[str, float] = {}
-        for key, w in dict(self.weights).items():
-            name = ALIASES.get(key, key)
-            if name in clean:
-                raise ObjectiveConfigError(f"objectives: {key!r} given twice (as {name!r} and an alias of it)")
+        for name, w in dict(self.weights).items():
             if name not in OBJECTIVES:
                 raise ObjectiveConfigError(
-                    f"objectives: unknown key {key!r}; known objectives: {', '.join(sorted(OBJECTIVES))} "
-                    f"(aliases: {', '.join(sorted(ALIASES))})"
+                    f"objectives: unknown key {name!r}; known objectives: {', '.join(sorted(OBJECTIVES))}"
                 )
             try:
                 wf = float(w)
@@ -105,14 +96,12 @@ class ObjectiveWeights:
         return tuple(n for n, w in self.weights.items() if w > 0)
 
     def __getitem__(self, name: str) -> float:
-        name = ALIASES.get(name, name)
         if name not in OBJECTIVES:
             raise KeyError(f"unknown objective {name!r}")
         return self.weights.get(name, 0.0)
 
     def combine(self, losses: Mapping[str, Tensor]) -> Tensor:
         """Weighted sum ``sum_n w_n L_n`` over active objectives; each must be present in ``losses``."""
-        losses = {ALIASES.get(n, n): v for n, v in losses.items()}
         missing = [n for n in self.active() if n not in losses]
         if missing:
             raise ObjectiveConfigError(f"objectives: no loss computed for active objective(s) {missing}")

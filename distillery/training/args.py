@@ -10,7 +10,7 @@ import dataclasses
 import os
 from typing import Any, Mapping
 
-from transformers import TrainingArguments
+from transformers import DataCollatorWithPadding, TrainingArguments, default_data_collator
 
 #: Defaults that differ from `TrainingArguments`' own: no experiment trackers (the pipeline logs to MLflow
 #: itself from `train_log.csv`), a bounded number of checkpoints, frequent logging for loss curves.
@@ -56,3 +56,42 @@ def training_arguments(
     if values.get("eval_strategy", "no") == "no" and values.get("load_best_model_at_end"):
         raise TrainArgsError("load_best_model_at_end=True needs an eval_strategy other than 'no'")
     return TrainingArguments(**values)
+
+
+def selection_args(overrides: dict[str, Any], has_eval: bool) -> dict[str, Any]:
+    """Evaluate and save every epoch and keep the best checkpoint on `"main"`, unless the caller says otherwise."""
+    if not has_eval:
+        return overrides
+    from distillery.training.metrics import MAIN
+
+    out = {
+        "eval_strategy": "epoch",
+        "save_strategy": "epoch",
+        "load_best_model_at_end": True,
+        "metric_for_best_model": MAIN,
+        "greater_is_better": True,
+    }
+    out.update(overrides)
+    if out.get("eval_strategy") == "steps" and "save_strategy" not in overrides:
+        out["save_strategy"] = "steps"
+    return out
+
+
+def train_arguments(
+    output_dir: str | os.PathLike,
+    args: Mapping[str, Any] | TrainingArguments | None,
+    has_eval: bool,
+    **overrides: Any,
+) -> TrainingArguments:
+    """The TrainingArguments of every training loop: checkpoints under `output_dir/checkpoints`, best-model
+    selection on the dev main score when there is an eval set, `args` then `overrides` on top."""
+    from distillery.training.saving import checkpoint_dir
+
+    opts = dict(args) if isinstance(args, Mapping) else {}
+    base = args if isinstance(args, TrainingArguments) else None
+    return training_arguments(checkpoint_dir(output_dir), base, **selection_args({**opts, **overrides}, has_eval))
+
+
+def collator_for(tokenizer):
+    """Dynamic padding when a tokenizer is known; otherwise examples must already have equal length."""
+    return DataCollatorWithPadding(tokenizer) if tokenizer is not None else default_data_collator

@@ -1,17 +1,22 @@
-"""Knowledge distillation on the Hugging Face Trainer (TinyBERT, Jiao et al. 2020, section 3; MiniLM, Wang et al.
-2020, section 3; MobileBERT attention/feature-map transfer).
+"""Knowledge distillation on the Hugging Face Trainer: TinyBERT (Jiao et al. 2020, section 3), MiniLM (Wang et al.
+2020, section 3), MobileBERT layer-wise transfer (Sun et al. 2020, section 3.5) and DistilBERT pre-training
+distillation (Sanh et al. 2019, section 3).
 
-`DistillationTrainer.compute_loss` runs the teacher (eval mode, `torch.no_grad()`; the official train-mode
-teacher is an option), captures ONLY the mapped layers of both models (`distillery.capture`), and combines
-the objectives of `distillery.objectives` with their config weights:
+One mechanism serves every recipe: `Distiller` is one `nn.Module` holding the student and its distillation-only
+parameters (TinyBERT's hidden projection); its `forward` runs the teacher (eval mode, `torch.no_grad()`; the
+official train-mode teacher is an option), captures ONLY the mapped layers of both models (`distillery.capture`),
+and returns the weighted sum of the objectives of `distillery.objectives`:
 
-    L = sum_n w_n L_n      e.g. TinyBERT intermediate stage: L_attn (eq. 7) + L_hidn (eq. 8) + L_embd (eq. 9)
-                                TinyBERT prediction stage:  L_pred (eq. 10), soft CE at temperature t
+    L = sum_n w_n L_n      TinyBERT intermediate stage: L_attn (eq. 7) + L_hidn (eq. 8) + L_embd (eq. 9)
+                           TinyBERT prediction stage:  L_pred (eq. 10), soft CE at temperature t
+                           MiniLM: KL of last-layer attention (eq. 6) + value relation (eqs. 7-9)
+                           DistilBERT: 5 L_ce + 2 L_mlm + 1 L_cos
 
-Prediction-layer distillation may read teacher logits from a `teacher_logits` column (see
-`distillery.training.logits_cache`) instead of running the teacher. The learnable hidden projection is an
-optimiser parameter, checkpointed with the Trainer state, and exported beside the student
-(`distill_state.safetensors`), never inside it.
+The Trainer sees one model, so its optimiser, gradient clipping (the official TinyBERT code clips the projection
+too), checkpoints, resume, best-model loading and DDP all cover the projection with no private-method overrides.
+The exported student is saved alone (`save_pretrained`); the projection goes beside it
+(`distill_state.safetensors`). Prediction-layer distillation may read teacher logits from a `teacher_logits`
+column (see `distillery.training.logits_cache`) instead of running the teacher.
 """
 
 from __future__ import annotations
@@ -25,14 +30,8 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 import datasets
 import torch
 from torch import Tensor, nn
-from transformers import (
-    DataCollatorWithPadding,
-    PreTrainedModel,
-    Trainer,
-    TrainerCallback,
-    TrainingArguments,
-    default_data_collator,
-)
+from transformers import PreTrainedModel, Trainer, TrainerCallback, TrainingArguments
+from transformers.utils import ModelOutput
 
 from distillery.capture import capture
 from distillery.layer_map import LayerMap, validate_layer_map
@@ -43,22 +42,25 @@ from distillery.objectives import (
     attention_kl,
     attention_loss,
     attention_transfer_loss,
+    cosine_loss,
     embedding_loss,
     feature_map_loss,
     hidden_loss,
+    mlm_loss,
     prediction_loss,
     regression_prediction_loss,
     relation_kl,
+    soft_target_loss,
     value_relation_kl,
 )
-from distillery.training.args import training_arguments
-from distillery.training.distill_state import load_projection_into, save_projection, state_file
-from distillery.training.finetune import selection_args
+from distillery.models import num_layers
+from distillery.training.args import collator_for, train_arguments
+from distillery.training.distill_state import load_projection_into, save_projection
 from distillery.training.log import LOG_NAME, rows_from_state, write_log
 from distillery.training.metrics import MetricFn, trainer_metrics
-from distillery.training.saving import checkpoint_dir, last_checkpoint, save_final
+from distillery.training.saving import last_checkpoint, save_final
 
-Stage = Literal["intermediate", "prediction", "both"]
+Stage = Literal["intermediate", "prediction", "both", "pretraining"]
 
 #: Objectives computed from internals of the mapped layers (intermediate stage).
 INTERMEDIATE = (
@@ -67,12 +69,19 @@ INTERMEDIATE = (
 )
 #: Objectives computed from the output logits (prediction stage).
 PREDICTION = ("prediction_loss", "regression_prediction_loss")
-DEFAULT_OBJECTIVES: dict[str, dict[str, float]] = {
-    "intermediate": {"attention_loss": 1.0, "hidden_loss": 1.0, "embedding_loss": 1.0},
-    "prediction": {"prediction_loss": 1.0},
-    "both": {"attention_loss": 1.0, "hidden_loss": 1.0, "embedding_loss": 1.0, "prediction_loss": 1.0},
+#: DistilBERT's pre-training distillation on MLM logits and last hidden states.
+PRETRAINING = ("soft_target_loss", "mlm_loss", "cosine_loss")
+#: Objectives each stage can compute, and the paper default of each (a RECIPES entry).
+STAGE_OBJECTIVES: dict[str, tuple[str, ...]] = {
+    "intermediate": INTERMEDIATE, "prediction": PREDICTION, "both": INTERMEDIATE + PREDICTION, "pretraining": PRETRAINING,
+}
+DEFAULT_OBJECTIVES: dict[str, str] = {
+    "intermediate": "tinybert-intermediate", "prediction": "tinybert-prediction", "both": "tinybert-task",
+    "pretraining": "distilbert",
 }
 TEACHER_LOGITS = "teacher_logits"
+#: Batch keys the Distiller reads; every other dataset column is dropped by the collator.
+BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", TEACHER_LOGITS)
 
 
 @dataclass
@@ -97,22 +106,24 @@ class DistillSettings:
     active: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.stage not in DEFAULT_OBJECTIVES:
-            raise ValueError(f"stage must be one of {sorted(DEFAULT_OBJECTIVES)}, got {self.stage!r}")
-        allowed = {"intermediate": INTERMEDIATE, "prediction": PREDICTION, "both": INTERMEDIATE + PREDICTION}[self.stage]
-        unsupported = [n for n in self.objectives.active() if n not in INTERMEDIATE + PREDICTION]
+        if self.stage not in STAGE_OBJECTIVES:
+            raise ValueError(f"stage must be one of {sorted(STAGE_OBJECTIVES)}, got {self.stage!r}")
+        allowed = STAGE_OBJECTIVES[self.stage]
+        unsupported = [n for n in self.objectives.active() if n not in allowed]
         if unsupported:
             raise ObjectiveConfigError(
-                f"objectives {unsupported} are not computed by DistillationTrainer (supported: "
-                f"{', '.join(INTERMEDIATE + PREDICTION)})"
+                f"objectives {unsupported} are not computed by the {self.stage!r} distillation stage (it computes "
+                f"{', '.join(allowed)})"
             )
-        self.active = tuple(n for n in self.objectives.active() if n in allowed)
+        self.active = self.objectives.active()
         if not self.active:
-            raise ObjectiveConfigError(
-                f"stage {self.stage!r}: no active objective among {list(allowed)} (weights: {dict(self.objectives.weights)})"
-            )
+            raise ObjectiveConfigError(f"stage {self.stage!r}: no objective has a weight > 0")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
+
+    @property
+    def pretraining(self) -> bool:
+        return any(n in PRETRAINING for n in self.active)
 
     @property
     def intermediate(self) -> bool:
@@ -236,57 +247,68 @@ def prediction_losses(
     return {name: loss}
 
 
-class DistillationTrainer(Trainer):
-    """`Trainer` whose loss is the weighted sum of distillation objectives (see module docstring).
+@dataclass
+class DistillerOutput(ModelOutput):
+    """`loss` (weighted total in training, the student's own gold-label loss in evaluation), `logits` (the
+    student's), `terms` (each unweighted objective, training only)."""
 
-    Extra constructor arguments: `teacher`, `settings` (DistillSettings), `projection` (HiddenProjection or
-    None), `teacher_train_mode` (official behaviour: teacher dropout active; still no gradients).
-    Each loss term is logged separately (`train_<name>` keys, averaged over the logging interval).
+    loss: Tensor | None = None
+    logits: Tensor | None = None
+    terms: dict[str, Tensor] | None = None
+
+
+class Distiller(nn.Module):
+    """The student and its distillation-only parameters as one module; `forward` returns the distillation loss.
+
+    The teacher is held outside the module tree (not saved, not optimised, not moved by `.to`); it runs under
+    `torch.no_grad()` in eval mode unless `teacher_train_mode` (the official TinyBERT behaviour: dropout on).
+    In eval mode with labels, `forward` is the student's own forward (gold-label loss + logits), so the Trainer's
+    evaluation and best-model selection see the student alone.
     """
 
     def __init__(
         self,
-        *args: Any,
+        student: PreTrainedModel,
         teacher: PreTrainedModel | None,
         settings: DistillSettings,
         projection: HiddenProjection | None = None,
         teacher_train_mode: bool = False,
-        **kwargs: Any,
     ) -> None:
-        super().__init__(*args, **kwargs)
-        self.teacher = teacher
-        self.settings = settings
+        super().__init__()
+        self.student = student
         self.projection = projection
+        self._teacher = (teacher,)  # a tuple keeps it out of the module tree
+        self.settings = settings
         self.teacher_train_mode = teacher_train_mode
         self._student_cap, self._teacher_cap = settings.capture_specs()
-        self._student_keys = _forward_keys(self.model)
+        if settings.pretraining and "cosine_loss" in settings.active:
+            self._student_cap = {**self._student_cap, "hidden": (num_layers(student),)}
+            self._teacher_cap = {**self._teacher_cap, "hidden": (num_layers(teacher),)}
+        self._student_keys = _forward_keys(student)
         self._teacher_keys = _forward_keys(teacher) if teacher is not None else frozenset()
-        self._term_sums: dict[str, Tensor] = {}
-        self._term_count = 0
+        self._keys_to_ignore_on_save = _tied_keys(self)
         if teacher is not None:
-            teacher.to(self.args.device)
             teacher.requires_grad_(False)
             teacher.train(teacher_train_mode)
-        if projection is not None:
-            projection.to(self.args.device)
 
-    # -- columns and optimiser ------------------------------------------------------------------------
-    def _set_signature_columns_if_needed(self) -> None:
-        super()._set_signature_columns_if_needed()
-        if TEACHER_LOGITS not in self._signature_columns:
-            self._signature_columns.append(TEACHER_LOGITS)
+    @property
+    def teacher(self) -> PreTrainedModel | None:
+        return self._teacher[0]
 
-    def create_optimizer(self, model=None):
-        optimizer = super().create_optimizer(model)
-        if self.projection is not None and not getattr(self, "_projection_in_optimizer", False):
-            decay = [p for n, p in self.projection.named_parameters() if not n.endswith("bias")]
-            no_decay = [p for n, p in self.projection.named_parameters() if n.endswith("bias")]
-            optimizer.add_param_group({"params": decay, "weight_decay": self.args.weight_decay})
-            optimizer.add_param_group({"params": no_decay, "weight_decay": 0.0})
-            self._projection_in_optimizer = True
-        return optimizer
+    @property
+    def config(self):  # the Trainer reads a few config fields of its model
+        return self.student.config
 
-    # -- loss -----------------------------------------------------------------------------------------
+    def tie_weights(self) -> None:
+        self.student.tie_weights()
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Tensor]:
+        """Each tied tensor once (safetensors refuses shared memory); loading restores the tie."""
+        state = super().state_dict(*args, **kwargs)
+        if args or kwargs.get("destination") is not None or kwargs.get("prefix"):
+            return state
+        return {k: v for k, v in state.items() if k not in self._keys_to_ignore_on_save}
+
     def teacher_forward(self, inputs: Mapping[str, Tensor]):
         """Teacher outputs and captured internals (no gradients; eval mode unless teacher_train_mode)."""
         if self.teacher is None:
@@ -297,46 +319,90 @@ class DistillationTrainer(Trainer):
             out = self.teacher(**t_in)
         return out, cap
 
-    def distillation_loss(self, model: nn.Module, inputs: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor], Any]:
-        """(total, {objective: unweighted loss}, student outputs) for one batch."""
-        inputs = dict(inputs)
-        labels = inputs.pop("labels", None)
-        cached = inputs.pop(TEACHER_LOGITS, None)
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        labels: Tensor | None = None,
+        teacher_logits: Tensor | None = None,
+    ) -> DistillerOutput:
+        inputs = {k: v for k, v in (("input_ids", input_ids), ("attention_mask", attention_mask),
+                                    ("token_type_ids", token_type_ids)) if v is not None}
+        s_in = {k: v for k, v in inputs.items() if k in self._student_keys}
+        if not self.training and labels is not None and not self.settings.pretraining:
+            out = self.student(**s_in, labels=labels)
+            return DistillerOutput(loss=out.loss, logits=out.logits)
         s = self.settings
-        need_teacher_logits = s.prediction and cached is None and not (
-            s.regression_target == "gold" and model.config.num_labels == 1
+        need_teacher_logits = s.prediction and teacher_logits is None and not (
+            s.regression_target == "gold" and self.student.config.num_labels == 1
         )
         teacher_out, teacher_cap = None, None
-        if s.intermediate or need_teacher_logits:
+        if s.intermediate or s.pretraining or need_teacher_logits:
             teacher_out, teacher_cap = self.teacher_forward(inputs)
-        s_in = {k: v for k, v in inputs.items() if k in self._student_keys}
-        if s.intermediate:
-            with capture(model, **self._student_cap) as student_cap:
-                s_out = model(**s_in)
-        else:
-            s_out = model(**s_in)
-        mask = inputs.get("attention_mask")
+        with capture(self.student, **self._student_cap) as student_cap:
+            s_out = self.student(**s_in)
         terms: dict[str, Tensor] = {}
         if s.intermediate:
-            terms.update(intermediate_losses(s, student_cap, teacher_cap, mask, self.projection))
+            terms.update(intermediate_losses(s, student_cap, teacher_cap, attention_mask, self.projection))
         if s.prediction:
-            t_logits = cached if cached is not None else (teacher_out.logits if teacher_out is not None else None)
+            t_logits = teacher_logits if teacher_logits is not None else (
+                teacher_out.logits if teacher_out is not None else None)
             terms.update(prediction_losses(s, s_out.logits, t_logits, labels))
-        return s.objectives.combine(terms), terms, s_out
+        if s.pretraining:
+            terms.update(pretraining_losses(s, s_out.logits, teacher_out.logits, labels, attention_mask,
+                                            student_cap, teacher_cap))
+        return DistillerOutput(loss=s.objectives.combine(terms), logits=getattr(s_out, "logits", None), terms=terms)
+
+
+def _tied_keys(module: nn.Module) -> list[str]:
+    """State-dict keys whose tensor is another key's (tied embeddings / MLM decoder), all but the first."""
+    seen: dict[tuple, str] = {}
+    tied = []
+    for k, v in nn.Module.state_dict(module).items():
+        ident = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape))
+        if ident in seen:
+            tied.append(k)
+        else:
+            seen[ident] = k
+    return tied
+
+
+def pretraining_losses(
+    settings: DistillSettings, s_logits: Tensor, t_logits: Tensor, labels: Tensor | None, attention_mask: Tensor | None,
+    student_cap, teacher_cap,
+) -> dict[str, Tensor]:
+    """DistilBERT's L_ce (soft targets at temperature T over non-pad tokens), L_mlm and L_cos (last hidden states)."""
+    out: dict[str, Tensor] = {}
+    if "soft_target_loss" in settings.active:
+        out["soft_target_loss"] = soft_target_loss(s_logits, t_logits, attention_mask, settings.temperature)
+    if "mlm_loss" in settings.active:
+        if labels is None:
+            raise ValueError("mlm_loss needs masked-LM labels (a masking collator)")
+        out["mlm_loss"] = mlm_loss(s_logits, labels)
+    if "cosine_loss" in settings.active:
+        (s_last,), (t_last,) = student_cap.hidden.values(), teacher_cap.hidden.values()
+        out["cosine_loss"] = cosine_loss(s_last, t_last, attention_mask)
+    return out
+
+
+class DistillationTrainer(Trainer):
+    """`Trainer` over a `Distiller`; adds only the per-objective loss log (`train_<name>` keys, averaged over the
+    logging interval) through the public `compute_loss` and `log`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._term_sums: dict[str, Tensor] = {}
+        self._term_count = 0
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if not model.training and "labels" in inputs:
-            # evaluation of a task student: its own loss on gold labels, logits for compute_metrics
-            inputs = {k: v for k, v in inputs.items() if k in self._student_keys or k == "labels"}
-            outputs = model(**inputs)
-            return (outputs.loss, outputs) if return_outputs else outputs.loss
-        total, terms, outputs = self.distillation_loss(model, inputs)
-        if model.training:
-            for name, value in terms.items():
+        outputs = model(**inputs)
+        if outputs.terms is not None:
+            for name, value in outputs.terms.items():
                 v = value.detach()
                 self._term_sums[name] = self._term_sums.get(name, torch.zeros_like(v)) + v
             self._term_count += 1
-        return (total, outputs) if return_outputs else total
+        return (outputs.loss, outputs) if return_outputs else outputs.loss
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self._term_count:
@@ -345,25 +411,10 @@ class DistillationTrainer(Trainer):
             self._term_sums, self._term_count = {}, 0
         super().log(logs, start_time)
 
-    # -- checkpoints: the projection travels with the Trainer state, beside the student ---------------
-    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        super()._save(output_dir, state_dict)
-        if self.projection is not None and self.args.should_save:
-            save_projection(self.projection, output_dir if output_dir is not None else self.args.output_dir)
-
-    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
-        if self.projection is not None:
-            load_projection_into(self.projection, resume_from_checkpoint)
-
-    def _load_best_model(self) -> None:
-        super()._load_best_model()
-        if self.projection is not None:
-            load_projection_into(self.projection, self.state.best_model_checkpoint)
-
 
 class DistillationCollator:
-    """Pads token columns with `base` and stacks a `teacher_logits` column separately."""
+    """Keeps the model-input columns (`BATCH_KEYS`), pads token columns with `base`, and stacks a
+    `teacher_logits` column separately."""
 
     def __init__(self, base: Callable[[list[dict]], dict]) -> None:
         self.base = base
@@ -372,7 +423,7 @@ class DistillationCollator:
         logits = None
         if features and TEACHER_LOGITS in features[0]:
             logits = torch.tensor([f[TEACHER_LOGITS] for f in features], dtype=torch.float32)
-            features = [{k: v for k, v in f.items() if k != TEACHER_LOGITS} for f in features]
+        features = [{k: v for k, v in f.items() if k in BATCH_KEYS and k != TEACHER_LOGITS} for f in features]
         batch = self.base(features)
         if logits is not None:
             batch[TEACHER_LOGITS] = logits
@@ -415,12 +466,14 @@ def distill(
     regression_target: Literal["teacher", "gold"] = "teacher",
     official_attention_masking: bool = True,
     n_relation_heads: int = 12,
+    feature_map_normalized: bool = False,
     projection: HiddenProjection | str | os.PathLike | None = None,
     per_layer_projection: bool = False,
     teacher_train_mode: bool = False,
     compute_metrics: MetricFn | None = None,
     main_score: Callable[[dict], float] | str | None = None,
     tokenizer=None,
+    data_collator: Callable[[list[dict]], dict] | None = None,
     args: Mapping[str, Any] | TrainingArguments | None = None,
     callbacks: Sequence[TrainerCallback] = (),
     resume: bool = True,
@@ -430,13 +483,15 @@ def distill(
 
     stage: "intermediate" (TinyBERT step 1 / general distillation: attention + hidden + embedding by default),
     "prediction" (step 2: soft CE on logits; reads a `teacher_logits` column when present, so the teacher may
-    be None) or "both". `objectives` weights select and combine losses (a mapping or a recipe name of
-    `distillery.objectives.RECIPES`). `layer_map` is validated against both models before training.
-    `projection`: a directory / file of a saved `distill_state.safetensors` to continue from (e.g. the general
-    student's), or a HiddenProjection. General distillation = no labels and no eval set.
-    With an eval set and `compute_metrics`, the best checkpoint on the main score is exported.
+    be None), "both", or "pretraining" (DistilBERT: soft targets + MLM + cosine on an MLM student and teacher;
+    `data_collator` must mask, e.g. `distillery.training.masking.SmoothedMaskingCollator`). `objectives` weights
+    select and combine losses (a mapping or a name of `distillery.objectives.RECIPES`). `layer_map` is
+    validated against both models before training. `projection`: a directory / file of a saved
+    `distill_state.safetensors` to continue from (e.g. the general student's), or a HiddenProjection.
+    General distillation = no labels and no eval set. With an eval set and `compute_metrics`, the best
+    checkpoint on the main score is exported.
     """
-    from distillery.models import num_heads, num_layers
+    from distillery.models import num_heads
 
     weights = objectives if isinstance(objectives, ObjectiveWeights) else ObjectiveWeights.from_config(
         objectives if objectives is not None else DEFAULT_OBJECTIVES[stage]
@@ -447,10 +502,11 @@ def distill(
         objectives=weights, layer_map=layer_map, stage=stage, temperature=temperature,
         prediction_reduction=prediction_reduction, regression_target=regression_target,
         official_attention_masking=official_attention_masking, n_relation_heads=n_relation_heads,
+        feature_map_normalized=feature_map_normalized,
     )
+    if (settings.intermediate or settings.pretraining) and teacher is None:
+        raise ValueError(f"stage {stage!r} with objectives {settings.active} needs a teacher")
     if settings.intermediate:
-        if teacher is None:
-            raise ValueError(f"stage {stage!r} with intermediate objectives {settings.active} needs a teacher")
         if not layer_map.hidden and not layer_map.attention:
             raise ValueError("intermediate objectives need a layer_map (distillery.layer_map.build_layer_map)")
         head_wise = any(n in settings.active for n in ("attention_loss", "attention_kl", "attention_transfer_loss",
@@ -460,26 +516,20 @@ def distill(
     proj = None
     if settings.needs_projection:
         proj = make_projection(student, teacher, layer_map, shared=not per_layer_projection, init_from=projection)
-    opts = dict(args) if isinstance(args, Mapping) else {}
-    base = args if isinstance(args, TrainingArguments) else None
+    model = Distiller(student, teacher, settings, proj, teacher_train_mode=teacher_train_mode)
     has_eval = eval_dataset is not None and compute_metrics is not None
-    opts = selection_args({**opts, **overrides}, has_eval)
-    opts.setdefault("remove_unused_columns", True)
-    targs = training_arguments(checkpoint_dir(output_dir), base, **opts)
-    pad = DataCollatorWithPadding(tokenizer) if tokenizer is not None else default_data_collator
+    targs = train_arguments(output_dir, args, has_eval, **overrides)
+    if teacher is not None:
+        teacher.to(targs.device)
     trainer = DistillationTrainer(
-        model=student,
+        model=model,
         args=targs,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset if has_eval else None,
-        data_collator=DistillationCollator(pad),
+        data_collator=DistillationCollator(data_collator or collator_for(tokenizer)),
         processing_class=tokenizer,
         compute_metrics=trainer_metrics(compute_metrics, main_score) if has_eval else None,
         callbacks=list(callbacks),
-        teacher=teacher,
-        settings=settings,
-        projection=proj,
-        teacher_train_mode=teacher_train_mode,
     )
     trainer.train(resume_from_checkpoint=last_checkpoint(output_dir) if resume else None)
     metrics = trainer.evaluate() if has_eval else None
@@ -490,4 +540,4 @@ def distill(
         if proj is not None:
             save_projection(proj, d)
 
-    return save_final(output_dir, trainer.model, tokenizer, metrics=metrics, extra=extra)
+    return save_final(output_dir, model.student, tokenizer, metrics=metrics, extra=extra)

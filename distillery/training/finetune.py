@@ -12,41 +12,12 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import datasets
-from transformers import (
-    DataCollatorWithPadding,
-    PreTrainedModel,
-    Trainer,
-    TrainerCallback,
-    TrainingArguments,
-    default_data_collator,
-)
+from transformers import PreTrainedModel, Trainer, TrainerCallback, TrainingArguments
 
-from distillery.training.args import training_arguments
+from distillery.training.args import collator_for, train_arguments
 from distillery.training.log import LOG_NAME, rows_from_state, write_log
-from distillery.training.metrics import MAIN, MetricFn, trainer_metrics
-from distillery.training.saving import checkpoint_dir, last_checkpoint, save_final
-
-
-def collator_for(tokenizer):
-    """Dynamic padding when a tokenizer is known; otherwise examples must already have equal length."""
-    return DataCollatorWithPadding(tokenizer) if tokenizer is not None else default_data_collator
-
-
-def selection_args(overrides: dict[str, Any], has_eval: bool) -> dict[str, Any]:
-    """Evaluate and save every epoch and keep the best checkpoint on `"main"`, unless the caller says otherwise."""
-    if not has_eval:
-        return overrides
-    out = {
-        "eval_strategy": "epoch",
-        "save_strategy": "epoch",
-        "load_best_model_at_end": True,
-        "metric_for_best_model": MAIN,
-        "greater_is_better": True,
-    }
-    out.update(overrides)
-    if out.get("eval_strategy") == "steps" and "save_strategy" not in overrides:
-        out["save_strategy"] = "steps"
-    return out
+from distillery.training.metrics import MetricFn, trainer_metrics
+from distillery.training.saving import last_checkpoint, save_final
 
 
 def finetune(
@@ -72,10 +43,7 @@ def finetune(
     """
     if eval_dataset is not None and compute_metrics is None:
         raise ValueError("an eval_dataset needs compute_metrics(predictions, labels) to select the best model")
-    opts = dict(args) if isinstance(args, Mapping) else {}
-    base = args if isinstance(args, TrainingArguments) else None
-    opts = selection_args({**opts, **overrides}, eval_dataset is not None)
-    targs = training_arguments(checkpoint_dir(output_dir), base, **opts)
+    targs = train_arguments(output_dir, args, eval_dataset is not None, **overrides)
     trainer = Trainer(
         model=model,
         args=targs,

@@ -21,9 +21,9 @@ from transformers import (
     TrainingArguments,
 )
 
-from distillery.training.args import training_arguments
+from distillery.training.args import train_arguments
 from distillery.training.log import LOG_NAME, rows_from_state, write_log
-from distillery.training.saving import checkpoint_dir, last_checkpoint, save_final
+from distillery.training.saving import last_checkpoint, save_final
 
 
 def tokenize_texts(
@@ -98,7 +98,7 @@ def train_mlm(
         model = AutoModelForMaskedLM.from_pretrained(str(model))
     train_ds = tokenize_texts(train_data, tokenizer, max_length, pack=pack)
     eval_ds = tokenize_texts(eval_data, tokenizer, max_length, pack=pack) if eval_data is not None else None
-    targs = training_arguments(checkpoint_dir(output_dir), args, **overrides)
+    targs = train_arguments(output_dir, args, False, **overrides)
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=mlm_probability, seed=targs.seed)
     trainer = Trainer(
         model=model,
