@@ -133,14 +133,13 @@ class IntermediateSection(TrainSection):
     """TinyBERT task distillation step 1 (the student recipe's intermediate losses on the augmented set)."""
 
 
-class PredictionSection(Section):
+class GridSection(Section):
+    """An lr x batch-size grid of task runs, best on dev (the papers' model selection)."""
+
     lrs: list[float] = Field(default_factory=lambda: [1e-5, 2e-5, 3e-5], min_length=1)
     batch_sizes: list[int] = Field(default_factory=lambda: [16, 32], min_length=1)
     epochs: float = Field(3.0, gt=0)
-    temperature: float = Field(1.0, gt=0)
     warmup_ratio: float = Field(0.1, ge=0, lt=1)
-    cache_teacher_logits: bool = True
-    regression_target: Literal["teacher", "gold"] = "teacher"
 
     @field_validator("lrs")
     @classmethod
@@ -157,9 +156,18 @@ class PredictionSection(Section):
         return v
 
 
+class PredictionSection(GridSection):
+    """TinyBERT step 2: prediction-layer distillation over the grid."""
+
+    temperature: float = Field(1.0, gt=0)
+    cache_teacher_logits: bool = True
+    regression_target: Literal["teacher", "gold"] = "teacher"
+
+
 class TaskDistillationSection(Section):
     intermediate: IntermediateSection = IntermediateSection()
     prediction: PredictionSection = PredictionSection()
+    finetune: GridSection = GridSection()  # the task stage of MiniLM / DistilBERT / MobileBERT students (gold labels)
 
 
 class EvaluationSection(Section):

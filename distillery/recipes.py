@@ -49,11 +49,12 @@ class Shape(Section):
         numbers = [self.layers, self.hidden, self.heads, self.intermediate]
         if self.preset is None and any(n is None for n in numbers):
             raise ValueError("give either `preset` or all of layers, hidden, heads, intermediate")
-        if self.preset is not None:
-            from distillery.models import PRESETS
+        from distillery.models import ModelConfigError
 
-            if self.preset.lower() not in PRESETS:
-                raise ValueError(f"unknown preset {self.preset!r}; known: {', '.join(sorted(PRESETS))}")
+        try:
+            self.resolve()
+        except ModelConfigError as exc:
+            raise ValueError(str(exc).removeprefix("student shape: ")) from None
         return self
 
     def as_spec(self) -> str | dict[str, Any]:

@@ -175,9 +175,11 @@ def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
     out = paths.student(student, task)
     pr = p.task_distillation.prediction
     compute, main = glue_metrics(task)
-    grid_args = dict(compute_metrics=compute, main_score=main, learning_rates=pr.lrs, batch_sizes=pr.batch_sizes,
-                     epochs=pr.epochs, tokenizer=tokenizer, warmup_steps=pr.warmup_ratio, seed=p.seed,
-                     per_device_eval_batch_size=64, save_total_limit=1, logging_steps=5)
+
+    def grid_args(g):
+        return dict(compute_metrics=compute, main_score=main, learning_rates=g.lrs, batch_sizes=g.batch_sizes,
+                    epochs=g.epochs, tokenizer=tokenizer, warmup_steps=g.warmup_ratio, seed=p.seed,
+                    per_device_eval_batch_size=64, save_total_limit=1, logging_steps=5)
     distill_args = dict(cache=pr.cache_teacher_logits, temperature=pr.temperature,
                         regression_target=pr.regression_target,
                         prediction_reduction=getattr(recipe, "prediction_reduction", "paper"))
@@ -197,12 +199,13 @@ def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
         curve = step1 / "train_log.csv"
         # Step 2: prediction layer over the grid; teacher logits computed once and reused by every run.
         grid = prediction_grid(teacher, lambda: AutoModelForSequenceClassification.from_pretrained(str(step1), **labels),
-                               train, dev, out / "grid", **grid_args, **distill_args)
+                               train, dev, out / "grid", **grid_args(pr), **distill_args)
     else:
-        grid = prediction_grid(None, start, train, dev, out / "grid", mode="finetune", **grid_args)
+        grid = prediction_grid(None, start, train, dev, out / "grid", mode="finetune",
+                               **grid_args(p.task_distillation.finetune))
         if getattr(recipe, "task_distillation", False):
             best = grid.best_dir
-            grid = prediction_grid(teacher, str(best), train, dev, out / "grid-distill", **grid_args, **distill_args)
+            grid = prediction_grid(teacher, str(best), train, dev, out / "grid-distill", **grid_args(pr), **distill_args)
     for run in grid.results:
         shutil.rmtree(Path(run["model_dir"]).parent / "checkpoints", ignore_errors=True)
     from distillery.io import atomic_dir

@@ -8,10 +8,11 @@ import pytest
 import torch
 import transformers
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 from distillery.layer_map import LayerMapError, build_layer_map
 from distillery.objectives import ObjectiveConfigError, ObjectiveWeights
-from distillery.training.distill import DistillationTrainer, DistillSettings, distill, make_projection
+from distillery.training.distill import Distiller, DistillSettings, distill, make_projection
 from distillery.training.distill_state import STATE_NAME, load_projection
 from distillery.training.finetune import finetune
 from distillery.training.grid import prediction_grid
@@ -93,19 +94,19 @@ def test_resume_restores_student_and_projection(task, tmp_path):
               save_steps=3, logging_steps=1, **{k: v for k, v in FAST.items() if k != "logging_steps"})
     data = task["train"].select(range(96))
     first = distill(task["teacher"], student(task["tok"].vocab_size, 3), data, None, tmp_path / "r", max_steps=3, **kw)
-    saved = load_projection(tmp_path / "r" / "checkpoints" / "checkpoint-3")
-    assert torch.equal(saved.layers[0].weight, load_projection(first).layers[0].weight)
+    # a checkpoint is the Distiller's state: the student and its projection in one file
+    saved = load_file(str(tmp_path / "r" / "checkpoints" / "checkpoint-3" / "model.safetensors"))
+    assert torch.equal(saved["projection.layers.0.weight"], load_projection(first).layers[0].weight)
     # a new run with fresh (different) student and projection resumes from checkpoint-3 and continues
     second = distill(task["teacher"], student(task["tok"].vocab_size, 4), data, None, tmp_path / "r", max_steps=6, **kw)
     steps = [int(r["step"]) for r in read_log(second / "train_log.csv") if "loss" in r]
     assert steps == [1, 2, 3, 4, 5, 6]
     # resuming a finished run trains nothing: the export is exactly the checkpoint (student AND projection)
     third = distill(task["teacher"], student(task["tok"].vocab_size, 5), data, None, tmp_path / "r", max_steps=6, **kw)
-    ck = tmp_path / "r" / "checkpoints" / "checkpoint-6"
-    assert torch.equal(load_projection(third).layers[0].weight, load_projection(ck).layers[0].weight)
+    ck = load_file(str(tmp_path / "r" / "checkpoints" / "checkpoint-6" / "model.safetensors"))
+    assert torch.equal(load_projection(third).layers[0].weight, ck["projection.layers.0.weight"])
     a = transformers.AutoModel.from_pretrained(third).embeddings.word_embeddings.weight
-    b = transformers.AutoModel.from_pretrained(ck).embeddings.word_embeddings.weight
-    assert torch.equal(a, b)
+    assert torch.equal(a, ck["student.embeddings.word_embeddings.weight"])
 
 
 class CountingTeacher:
@@ -152,13 +153,10 @@ def test_logits_cache_teacher_runs_once_per_example_across_grid(task, tmp_path):
 
 
 def _trainer(task, tmp_path, teacher, train_mode):
-    from distillery.training.args import training_arguments
-
     s = student(task["tok"].vocab_size)
     settings = DistillSettings(ObjectiveWeights({"prediction_loss": 1.0}), build_layer_map("uniform", 2, 4),
                                stage="prediction")
-    return DistillationTrainer(model=s, args=training_arguments(tmp_path, **FAST), teacher=teacher,
-                               settings=settings, teacher_train_mode=train_mode)
+    return Distiller(s, teacher, settings, teacher_train_mode=train_mode)
 
 
 def test_teacher_eval_mode_by_default_train_mode_option(task, tmp_path):
@@ -176,7 +174,7 @@ def test_configuration_errors_before_training(task, tmp_path):
     with pytest.raises(LayerMapError):
         distill(task["teacher"], classifier(task["tok"].vocab_size, 2, heads=4), task["train"], None, tmp_path,
                 layer_map=build_layer_map("uniform", 2, 4), stage="intermediate", **FAST)
-    with pytest.raises(ObjectiveConfigError, match="stage 'prediction'"):
+    with pytest.raises(ObjectiveConfigError, match="'prediction' distillation stage"):
         distill(task["teacher"], student(task["tok"].vocab_size), task["train"], None, tmp_path,
                 objectives={"attention_loss": 1.0}, stage="prediction", **FAST)
     with pytest.raises(ObjectiveConfigError, match="cosine_loss"):

@@ -1,0 +1,268 @@
+"""Student recipes: typed params, initialisation, each recipe training through the public API, and every bad
+recipe stopped before any stage runs with one line naming the params key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+import yaml
+
+from distillery.config import ConfigError, check_params, parse_params
+from distillery.layer_map import build_layer_map
+from distillery.recipes import (
+    CheckpointMismatchError,
+    Dims,
+    DistilBertRecipe,
+    MiniLMRecipe,
+    TinyBertRecipe,
+    init_student,
+    official_teacher_layers,
+    teacher_assistant_dims,
+)
+from distillery.training.distill import distill
+from distillery.training.log import read_log
+from distillery.training.masking import SmoothedMaskingCollator, masking_weights, token_counts
+
+from test_training_utils import FAST, bert_config, encoded, one_thread, tokenizer  # noqa: F401
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def demo() -> dict:
+    return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def losses(model_dir: Path) -> list[float]:
+    return [float(r["loss"]) for r in read_log(model_dir / "train_log.csv") if r.get("loss")]
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+def mlm_teacher(vocab: int, layers: int = 4, hidden: int = 32, heads: int = 2, inter: int = 64):
+    torch.manual_seed(0)
+    return transformers.BertForMaskedLM(bert_config(vocab, layers, hidden=hidden, heads=heads, inter=inter)).eval()
+
+
+# ------------------------------------------------------------------------------------------------ params
+
+
+def test_demo_has_one_student_per_recipe():
+    p = parse_params(demo())
+    assert {r.recipe for r in p.students.values()} == {"tinybert", "minilm", "distilbert"}
+    assert isinstance(p.students["distilbert-demo"], DistilBertRecipe)
+    # paper defaults come from the recipe when params give none
+    assert dict(p.students["distilbert-demo"].weights.weights) == {"soft_target_loss": 5.0, "mlm_loss": 2.0,
+                                                                     "cosine_loss": 1.0}
+    assert p.students["distilbert-demo"].temperature == 2.0
+    assert dict(p.students["minilm-demo"].weights.weights) == {"attention_kl": 1.0, "value_relation_kl": 1.0}
+    assert p.students["tinybert-demo"].weights.active() == ("attention_loss", "hidden_loss", "embedding_loss")
+
+
+def test_student_without_recipe_is_tinybert():
+    data = demo()
+    data["students"] = {"s": {"shape": {"layers": 2, "hidden": 64, "heads": 4, "intermediate": 256}}}
+    assert isinstance(parse_params(data).students["s"], TinyBertRecipe)
+
+
+BAD = [
+    # (student edits, expected key, expected words)
+    ({"objectives": {"attentoin": 1}}, "students.tinybert-demo.objectives", "unknown key 'attentoin'"),
+    ({"objectives": {"cosine_loss": 1}}, "students.tinybert-demo.objectives", "cannot be computed by the tinybert"),
+    ({"objectives": {"attention_loss": -1}}, "students.tinybert-demo.objectives", ">= 0"),
+    ({"recipe": "tinybert", "layer_map": "sideways"}, "students.tinybert-demo.layer_map", "'uniform'"),
+    ({"recipe": "bert-of-theseus"}, "students.tinybert-demo", "recipe"),
+    ({"init": "pretrained"}, "students.tinybert-demo.init", "random"),
+    ({"shape": {"layers": 6, "hidden": 64, "heads": 4, "intermediate": 256}}, "students.tinybert-demo.shape",
+     "more than the teacher's 4"),
+    ({"shape": {"layers": 2, "hidden": 64, "heads": 8, "intermediate": 256}}, "students.tinybert-demo.layer_map",
+     "equal head counts"),
+    ({"shape": {"layers": 2, "hidden": 30, "heads": 4, "intermediate": 64}}, "students.tinybert-demo.shape",
+     "divisible"),
+    ({"shape": {"preset": "tinybert9"}}, "students.tinybert-demo.shape", "unknown student preset"),
+]
+
+
+@pytest.mark.parametrize("edit,key,words", BAD)
+def test_bad_tinybert_recipe_names_the_key(edit, key, words):
+    data = demo()
+    data["students"]["tinybert-demo"].update(edit)
+    with pytest.raises(ConfigError) as err:
+        check_params(parse_params(data), "params.yaml", ROOT)
+    msg = str(err.value)
+    assert msg.startswith(f"params.yaml: {key}") and words in msg and "\n" not in msg, msg
+
+
+@pytest.mark.parametrize("student,edit,key,words", [
+    ("distilbert-demo", {"shape": {"layers": 2, "hidden": 64, "heads": 4, "intermediate": 256}},
+     "students.distilbert-demo.init", "teacher's width"),
+    ("distilbert-demo", {"init": "random", "shape": {"layers": 2, "hidden": 64, "heads": 4, "intermediate": 256}},
+     "students.distilbert-demo.shape", "cosine_loss needs the teacher's hidden size 128"),
+    ("distilbert-demo", {"init": {"teacher_layers": [0, 7]}}, "students.distilbert-demo.init.teacher_layers",
+     "layer 7 does not exist"),
+    ("distilbert-demo", {"init": {"teacher_layers": [0, 1, 2]}}, "students.distilbert-demo.init.teacher_layers",
+     "3 layers for a 2-layer student"),
+    ("minilm-demo", {"objectives": {"relation_kl": 1}, "relation_heads": 5}, "students.minilm-demo.relation_heads",
+     "do not divide"),
+    ("minilm-demo", {"shape": {"layers": 2, "hidden": 64, "heads": 8, "intermediate": 256}},
+     "students.minilm-demo.objectives", "compare heads one by one"),
+    ("minilm-demo", {"objectives": {"attention_loss": 1}}, "students.minilm-demo.objectives",
+     "cannot be computed by the minilm"),
+    ("minilm-demo", {"init": {"checkpoint": "./no/such/dir"}}, "students.minilm-demo.init.checkpoint",
+     "not a model directory"),
+])
+def test_bad_minilm_and_distilbert_recipes_name_the_key(student, edit, key, words):
+    data = demo()
+    data["students"][student].update(edit)
+    with pytest.raises(ConfigError) as err:
+        check_params(parse_params(data), "params.yaml", ROOT)
+    msg = str(err.value)
+    assert msg.startswith(f"params.yaml: {key}") and words in msg and "\n" not in msg, msg
+
+
+def test_distilbert_needs_an_mlm_teacher():
+    data = demo()
+    data["pretrain"]["enabled"] = False
+    data["augment"]["mlm"] = "some/mlm"
+    with pytest.raises(ConfigError, match=r"students.distilbert-demo: pre-training distillation needs a teacher with"):
+        check_params(parse_params(data), "params.yaml", ROOT)
+
+
+def test_pipeline_stops_on_a_bad_recipe_before_any_stage(tmp_path):
+    """The CLI: exit 2, one line naming the file and key, nothing written."""
+    data = demo()
+    data["students"]["minilm-demo"]["objectives"] = {"attentoin_kl": 1}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    outputs = ("data", "models", "metrics", "reports")
+    before = {d for d in outputs if (ROOT / d).exists()}
+    proc = subprocess.run([sys.executable, "-m", "flows.pipeline", "--params", str(bad)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "students.minilm-demo.objectives: unknown key 'attentoin_kl'" in lines[0], proc.stderr
+    assert {d for d in outputs if (ROOT / d).exists()} == before  # no stage ran
+
+
+# ------------------------------------------------------------------------------------------------ stages
+
+
+def test_teacher_assistant_when_sizes_call_for_it():
+    teacher = Dims(12, 768, 12, 3072, 30522)
+    small = Dims(6, 384, 12, 1536)
+    recipe = MiniLMRecipe(shape={"preset": "minilm-l6-h384"})
+    assert teacher_assistant_dims(recipe, small, teacher) == Dims(12, 384, 12, 1536, 30522, "bert")
+    assert teacher_assistant_dims(recipe, Dims(6, 512, 8, 2048), teacher) is None  # d' > d/2
+    assert teacher_assistant_dims(recipe.model_copy(update={"teacher_assistant": "off"}), small, teacher) is None
+
+
+def test_pipeline_items_follow_the_recipes():
+    from flows.stages import items
+    from tasks.distill import _general_deps
+
+    p = parse_params(demo())
+    assert items("teacher_assistant", p) == ["minilm-demo"]  # demo: 2 x 64 student of a 4 x 128 teacher
+    assert set(items("general_distillation", p)) == {"tinybert-demo", "minilm-demo", "distilbert-demo"}
+    assert any("assistant" in str(d) for d in _general_deps(p, "minilm-demo"))  # distilled from the assistant
+    assert not any("assistant" in str(d) for d in _general_deps(p, "tinybert-demo"))
+
+
+def test_checkpoint_init_skips_general_distillation(tmp_path, tok):
+    """A released general student (here a local directory in the Hub layout) starts the task stage directly;
+    one with another vocabulary is a clear error at load time."""
+    from flows.stages import items
+
+    ckpt = tmp_path / "general-student"
+    transformers.BertModel(bert_config(tok.vocab_size, 2)).save_pretrained(ckpt)
+    tok.save_pretrained(ckpt)
+    data = demo()
+    data["students"]["tinybert-demo"]["init"] = {"checkpoint": str(ckpt)}
+    p = check_params(parse_params(data), "params.yaml", ROOT)
+    assert "tinybert-demo" not in items("general_distillation", p)
+    teacher = transformers.BertForSequenceClassification(bert_config(tok.vocab_size, 4))
+    model = init_student(p.students["tinybert-demo"], teacher, tok, head="sequence-classification", num_labels=2)
+    assert torch.equal(model.bert.embeddings.word_embeddings.weight,
+                       transformers.BertModel.from_pretrained(ckpt).embeddings.word_embeddings.weight)
+    other = transformers.BertTokenizerFast(vocab={**tok.get_vocab(), "zebra": tok.vocab_size})
+    with pytest.raises(CheckpointMismatchError, match="vocabulary"):
+        init_student(p.students["tinybert-demo"], teacher, other, head="base")
+
+
+def test_distilbert_init_has_the_teachers_layers(tok):
+    teacher = mlm_teacher(tok.vocab_size, layers=4)
+    recipe = DistilBertRecipe(shape={"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64, "arch": "distilbert"},
+                              init={"teacher_layers": [0, 3]})
+    student = init_student(recipe, teacher, tok, head="mlm")
+    assert isinstance(student, transformers.DistilBertForMaskedLM)
+    for j, i in enumerate([0, 3]):
+        s, t = student.distilbert.transformer.layer[j], teacher.bert.encoder.layer[i]
+        assert torch.equal(s.attention.q_lin.weight, t.attention.self.query.weight)
+        assert torch.equal(s.ffn.lin2.weight, t.output.dense.weight)
+        assert torch.equal(s.output_layer_norm.weight, t.output.LayerNorm.weight)
+    assert torch.equal(student.distilbert.embeddings.word_embeddings.weight, teacher.bert.embeddings.word_embeddings.weight)
+    assert torch.equal(student.vocab_transform.weight, teacher.cls.predictions.transform.dense.weight)
+    assert official_teacher_layers(12, 6) == [0, 2, 4, 7, 9, 11]  # the released DistilBERT's choice
+
+
+# ------------------------------------------------------------------------------------------------ training
+
+
+def test_distilbert_pretraining_distillation_trains(tok, tmp_path):
+    teacher = mlm_teacher(tok.vocab_size)
+    recipe = DistilBertRecipe(shape={"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64, "arch": "distilbert"})
+    student = init_student(recipe, teacher, tok, head="mlm")
+    train = encoded(tok, 256, seed=3).select_columns(["input_ids"])
+    weights = masking_weights(token_counts(train["input_ids"], len(tok)), recipe.mask_smoothing, tok.all_special_ids)
+    out = distill(teacher, student, train, None, tmp_path / "pd", objectives=recipe.weights, stage="pretraining",
+                  tokenizer=tok, data_collator=SmoothedMaskingCollator(tok, weights, seed=0),
+                  args={**FAST, "logging_steps": 2, **recipe.train_options()}, learning_rate=5e-3,
+                  per_device_train_batch_size=16, num_train_epochs=3, **recipe.options())
+    rows = [r for r in read_log(out / "train_log.csv") if r.get("loss")]
+    assert {"train_soft_target_loss", "train_mlm_loss", "train_cosine_loss"} <= set(rows[0])
+    def mean(key, part):
+        return sum(float(r[key]) for r in part) / len(part)
+
+    # the teacher is random and the words are random: L_mlm sits near the vocabulary's entropy, the total still
+    # falls, and the cosine term (the student's own hidden states moving to the teacher's) falls clearly
+    assert mean("loss", rows[-3:]) < mean("loss", rows[:3])
+    assert mean("train_cosine_loss", rows[-3:]) < 0.8 * mean("train_cosine_loss", rows[:3])
+    reloaded = transformers.AutoModelForMaskedLM.from_pretrained(out)  # a plain HF student, tied head intact
+    assert reloaded.vocab_projector.weight.data_ptr() == reloaded.distilbert.embeddings.word_embeddings.weight.data_ptr()
+
+
+@pytest.mark.parametrize("objectives", [{"attention_kl": 1.0, "value_relation_kl": 1.0}, {"relation_kl": 1.0}])
+def test_minilm_general_distillation_trains_a_narrower_student(tok, tmp_path, objectives):
+    teacher = transformers.BertModel(bert_config(tok.vocab_size, 4, hidden=32, heads=2)).eval()
+    recipe = MiniLMRecipe(shape={"layers": 2, "hidden": 16, "heads": 2, "intermediate": 32}, objectives=objectives,
+                          relation_heads=4)
+    student = init_student(recipe, teacher, tok, head="base")
+    train = encoded(tok, 256, seed=4).select_columns(["input_ids", "attention_mask"])
+    out = distill(teacher, student, train, None, tmp_path / "gd", layer_map=build_layer_map("last", 2, 4),
+                  objectives=recipe.weights, stage="intermediate", tokenizer=tok, args={**FAST, "logging_steps": 2},
+                  learning_rate=5e-3, per_device_train_batch_size=16, num_train_epochs=3, **recipe.options())
+    values = losses(out)
+    assert sum(values[-3:]) < 0.8 * sum(values[:3]), values
+
+
+def test_masking_follows_the_official_rates(tok):
+    ids = encoded(tok, 512, seed=5)["input_ids"]
+    rows = [[i for i in r if i != tok.pad_token_id] for r in ids]
+    counts = token_counts(rows, len(tok))
+    weights = masking_weights(counts, 0.7, tok.all_special_ids)
+    batch = SmoothedMaskingCollator(tok, weights, 0.15, seed=0)([{"input_ids": r} for r in rows])
+    chosen = batch["labels"] != -100
+    n_tokens = int(batch["attention_mask"].sum())
+    assert int(chosen.sum()) == -(-15 * n_tokens // 100)  # ceil(0.15 * tokens)
+    assert not bool(chosen[:, 0].any())  # [CLS] is never a target
+    masked = (batch["input_ids"][chosen] == tok.mask_token_id).float().mean().item()
+    assert 0.72 < masked < 0.88
+    # smoothing: a rare token is more likely to be chosen than a frequent one
+    rare = weights[torch.as_tensor([i for i in range(len(tok)) if counts[i] > 0])]
+    assert rare.max() > rare.min()
