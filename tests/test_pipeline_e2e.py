@@ -34,10 +34,16 @@ MICRO = {
     "finetune": {"epochs": 2, "lr": 1e-3, "batch_size": 32},
     "word_vectors": {"source": "corpus", "dim": 8},
     "augment": {"n_aug": 2, "max_examples": 40},
-    "students": {"micro": {"shape": {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 32}}},
+    "students": {  # one student per recipe
+        "micro": {"recipe": "tinybert", "shape": {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 32}},
+        "micro-minilm": {"recipe": "minilm", "shape": {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 32}},
+        "micro-distilbert": {"recipe": "distilbert", "init": {"teacher_layers": [1]},
+                             "shape": {"layers": 1, "hidden": 32, "heads": 2, "intermediate": 64, "arch": "distilbert"}},
+    },
     "general_distillation": {"epochs": 1, "lr": 1e-3, "batch_size": 32, "max_length": 32},
     "task_distillation": {"intermediate": {"epochs": 1, "lr": 1e-3, "batch_size": 32},
-                          "prediction": {"lrs": [1e-3], "batch_sizes": [32], "epochs": 1}},
+                          "prediction": {"lrs": [1e-3], "batch_sizes": [32], "epochs": 1},
+                          "finetune": {"lrs": [1e-3], "batch_sizes": [32], "epochs": 1}},
     "evaluation": {"latency_batch_sizes": [1], "latency_seq_len": 16},
 }
 
@@ -89,13 +95,20 @@ def test_pipeline_writes_summary_report_and_registry(prefect_project):
     record = json.loads((project / "metrics" / "registry" / "micro-demo.json").read_text())
     assert record["uri"] == "models:/micro-demo@champion"
     assert (project / "metrics" / "curves" / "task_distillation-micro-demo.csv").is_file()
+    # every recipe ran its own stages: MiniLM's teacher assistant, DistilBERT's pre-training distillation
+    assert (project / "models" / "assistant" / "micro-minilm" / "model" / "config.json").is_file()
+    curve = (project / "metrics" / "curves" / "general_distillation-micro-distilbert.csv").read_text()
+    assert "train_soft_target_loss" in curve and "train_cosine_loss" in curve
+    for name in ("micro-minilm", "micro-distilbert"):
+        assert summary["demo"][name]["params"] < teacher["params"]
+        assert json.loads((project / "metrics" / "registry" / f"{name}-demo.json").read_text())["alias"] == "champion"
 
 
 @pytest.mark.slow
 def test_rerun_hits_the_cache_for_every_stage(prefect_project):
     project, _, first_s = prefect_project
     stamps = {p.name: p.stat().st_mtime_ns for p in (project / ".prefect" / "stamps").iterdir()}
-    assert len(stamps) == 11  # every stage and item ran once
+    assert len(stamps) == 18  # every stage and item ran once
     t0 = time.perf_counter()
     run([sys.executable, "-m", "flows.pipeline"], project)
     second_s = time.perf_counter() - t0

@@ -106,7 +106,7 @@ def test_resume_restores_student_and_projection(task, tmp_path):
     ck = load_file(str(tmp_path / "r" / "checkpoints" / "checkpoint-6" / "model.safetensors"))
     assert torch.equal(load_projection(third).layers[0].weight, ck["projection.layers.0.weight"])
     a = transformers.AutoModel.from_pretrained(third).embeddings.word_embeddings.weight
-    assert torch.equal(a, ck["student.embeddings.word_embeddings.weight"])
+    assert torch.equal(a, ck["student.bert.embeddings.word_embeddings.weight"])
 
 
 class CountingTeacher:
