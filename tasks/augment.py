@@ -49,7 +49,8 @@ def run_augment(p: Params, task: str) -> dict[str, Any]:
 
 def _deps(p: Params, task: str) -> list[Path]:
     mlm = mlm_source(p)
-    return [paths.task_data(task), vectors_path(p)] + ([Path(mlm)] if Path(mlm).exists() else [])
+    made_here = p.augment.mlm == "teacher"  # the pre-training stage's output: a dep even before it exists
+    return [paths.task_data(task), vectors_path(p)] + ([Path(mlm)] if made_here or Path(mlm).exists() else [])
 
 
 AUGMENT = Stage(

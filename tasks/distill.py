@@ -221,6 +221,9 @@ def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
 
 
 def _teacher_source_deps(p: Params) -> list[Path]:
+    """The pre-training stage's MLM teacher (always, so DVC orders the stages), else a local teacher directory."""
+    if p.pretrain.enabled:
+        return [paths.teacher_mlm() / "model"]
     source = Path(teacher_source(p))
     return [source] if source.exists() else []
 

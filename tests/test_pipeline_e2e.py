@@ -51,8 +51,8 @@ MICRO = {
 def make_project(tmp: Path) -> Path:
     for name in ("distillery", "tasks", "flows"):
         shutil.copytree(ROOT / name, tmp / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "dvc.yaml", tmp / "dvc.yaml")
     (tmp / "params.yaml").write_text(yaml.safe_dump(MICRO))
+    run([sys.executable, "-m", "flows.dvc"], tmp)  # dvc.yaml for these params, from the stage declarations
     return tmp
 
 
