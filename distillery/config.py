@@ -285,8 +285,9 @@ def check_params(p: Params, path: str = "params.yaml", root: Path | None = None)
         key = f"students.{name}"
         if recipe.init.kind == "checkpoint":
             ckpt = resolve_path(recipe.init.checkpoint, root)
-            looks_local = recipe.init.checkpoint.startswith((".", "/", "~")) or recipe.init.checkpoint.count("/") > 1
-            if looks_local and not (ckpt / "config.json").is_file():
+            from distillery.models import _looks_local
+
+            if _looks_local(recipe.init.checkpoint) and not (ckpt / "config.json").is_file():
                 raise ConfigError(f"{path}: {key}.init.checkpoint: {ckpt} is not a model directory (no config.json)")
         if recipe.needs_mlm_teacher and mlm_teacher is False:
             raise ConfigError(f"{path}: {key}: pre-training distillation needs a teacher with an MLM head: set "

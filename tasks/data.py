@@ -103,8 +103,9 @@ def resolve(path: str | None) -> Path:
     """A params path: absolute, ~-expanded, or relative to the project root."""
     if path is None:
         raise ValueError("a path is required here")
-    p = Path(os.path.expanduser(path))
-    return p if p.is_absolute() else (paths.ROOT / p).resolve()
+    from distillery.config import resolve_path
+
+    return resolve_path(path, paths.ROOT)
 
 
 def vectors_path(p: Params) -> Path:
