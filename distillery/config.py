@@ -94,7 +94,12 @@ class PretrainSection(TrainSection):
 
 
 class FinetuneSection(TrainSection):
-    pass
+    # A pretrained teacher is fine-tuned from its own checkpoint; the pre-training stage's continued-MLM copy
+    # (made for augmentation) becomes the teacher only when this says so. A scratch teacher has no other.
+    from_continued_mlm: bool = False
+    # The teacher gate: distillation stops before it starts when the fine-tuned teacher's main dev score
+    # does not beat the task's trivial baseline (majority class / constant prediction) by this much.
+    min_gain_over_trivial: float = Field(0.05, ge=0)
 
 
 class WordVectorsSection(Section):
@@ -171,6 +176,7 @@ class TaskDistillationSection(Section):
 
 
 class EvaluationSection(Section):
+    baselines: bool = True  # each student's architecture trained on gold labels alone, beside it in the report
     latency: bool = True
     latency_batch_sizes: list[int] = Field(default_factory=lambda: [1, 32])
     latency_seq_len: int = Field(128, ge=8, le=512)

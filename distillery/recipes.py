@@ -200,6 +200,8 @@ class TinyBertRecipe(Recipe):
     official_attention_masking: bool = True      # -10000 masking and zeroing (official) vs valid pairs only
     per_layer_projection: bool = False           # one W_h per mapped state instead of the paper's shared one
     prediction_reduction: Literal["paper", "official"] = "paper"  # eq. 10 summed over classes, or 1/C of it
+    augmentation: bool = True       # task distillation on the augmented set when `augment.enabled` (Table 2 "w/o DA")
+    intermediate_step: bool = True  # task-distillation step 1 (intermediate layers); off: step 2 (prediction) alone
 
     OBJECTIVES_DEFAULT: ClassVar[str] = "tinybert-general"
     COMPUTABLE: ClassVar[tuple[str, ...]] = ("attention_loss", "hidden_loss", "embedding_loss")

@@ -96,7 +96,7 @@ def build_rows(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], *, latenc
         if t_row and t_row.get("latency_ms") and row.get("latency_ms"):
             row["speedup"] = t_row["latency_ms"] / row["latency_ms"]
         row["retention"] = None
-        if t_row and row is not t_row:
+        if t_row and row is not t_row and row["is_student"]:  # the summary gives no retention without a teacher
             common = [t for t in scores if t in t_row["scores"]]
             t_avg = sum(t_row["scores"][t] for t in common) / len(common) if common else 0
             if common and t_avg:
@@ -135,6 +135,12 @@ def _header(tasks: list[str]) -> list[str]:
 def _intro(rows: list[dict[str, Any]]) -> str:
     text = ("Dev-set scores (x100), parameters, FLOPs per example and speedup over the teacher; "
             "retention = student average / teacher average.")
+    if any(r["model"] == "trivial" for r in rows):
+        text += (" trivial: the majority class (a constant score for regression) of the training labels, the"
+                 " floor a teacher must beat.")
+    if any(r["model"].endswith("-direct") for r in rows):
+        text += (" Rows ending in -direct: the student's architecture and initialisation trained on the gold"
+                 " labels alone (no teacher), what the student would be without distillation.")
     if any(r["model"].endswith("-int8") for r in rows):
         text += " Rows ending in -int8: the student above, exported to ONNX with int8 dynamic quantisation."
     return text

@@ -43,6 +43,9 @@ PARAM_KEYS = {
     "tasks": "data.tasks",
     "students": "students",
     "augment": "augment",
+    "min_gain_over_trivial": "finetune.min_gain_over_trivial",
+    "baselines": "evaluation.baselines",
+    "direct_finetune": "task_distillation.finetune",
 }
 
 

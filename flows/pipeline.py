@@ -62,12 +62,18 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
     timings: dict[str, float] = {}
     with tracking.run("pipeline", params={"params_file": params_file}) as parent:
         parent_id = parent.info.run_id
+        import mlflow
+
         for name in STAGES:
             for item in items(name, p):
                 t0 = time.perf_counter()
                 run_stage(name, p, item, parent_id)
                 timings[f"{name}[{item}]" if item else name] = round(time.perf_counter() - t0, 2)
-        import mlflow
+            if name == "finetune_teacher" and (failed := _failed_teachers(p)):
+                mlflow.set_tag("stopped", "teacher gate")
+                for message in failed:
+                    print(f"error: {message}", file=sys.stderr)
+                return {"stopped": failed, "stages": timings}
 
         mlflow.log_metrics({f"seconds.{k.replace('[', '.').replace(']', '').replace(':', '.')}": v
                             for k, v in timings.items()})
@@ -78,6 +84,19 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
     total = round(time.perf_counter() - started, 1)
     print(f"pipeline finished in {total} s; summary: {paths.summary()}")
     return {"seconds": total, "stages": timings, "summary": str(paths.summary())}
+
+
+def _failed_teachers(p: Params) -> list[str]:
+    """The teacher gate, before any distillation: one message per task whose teacher learned nothing."""
+    from tasks.teacher import TeacherGateError, teacher_gate
+
+    failed = []
+    for task in p.data.tasks:
+        try:
+            teacher_gate(p, task)
+        except TeacherGateError as exc:
+            failed.append(str(exc))
+    return failed
 
 
 def _publish(p: Params) -> None:
@@ -117,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    pipeline(str(Path(path)))
-    return 0
+    result = pipeline(str(Path(path)))
+    return 2 if result.get("stopped") else 0
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tasks.augment import AUGMENT
 from tasks.data import PREPARE_CORPUS, PREPARE_TASK, WORD_VECTORS
-from tasks.distill import GENERAL_DISTILLATION, TASK_DISTILLATION, TEACHER_ASSISTANT, needs_assistant
+from tasks.distill import BASELINE, GENERAL_DISTILLATION, TASK_DISTILLATION, TEACHER_ASSISTANT, needs_assistant
 from tasks.evaluate import EVALUATE, REPORT
 from tasks.register import REGISTER
 from tasks.stage import Stage
@@ -14,7 +14,7 @@ from distillery.config import Params
 
 STAGES: dict[str, Stage] = {s.name: s for s in (
     PREPARE_CORPUS, PREPARE_TASK, PRETRAIN, WORD_VECTORS, FINETUNE_TEACHER, AUGMENT,
-    TEACHER_ASSISTANT, GENERAL_DISTILLATION, TASK_DISTILLATION, EVALUATE, REGISTER, REPORT,
+    TEACHER_ASSISTANT, GENERAL_DISTILLATION, TASK_DISTILLATION, BASELINE, EVALUATE, REGISTER, REPORT,
 )}
 
 
@@ -32,6 +32,7 @@ def items(stage: str, p: Params) -> list[str | None]:
         "teacher_assistant": [s for s in students if needs_assistant(p, s)],
         "general_distillation": [s for s in students if p.students[s].runs_general],
         "task_distillation": pairs,
+        "baseline": pairs if p.evaluation.baselines else [],
         "evaluate": tasks,
         "register": pairs if p.registry.enabled else [],
         "report": [None],

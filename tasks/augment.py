@@ -8,7 +8,7 @@ from typing import Any
 from tasks import paths
 from tasks.data import resolve, vectors_path
 from tasks.stage import Stage
-from tasks.teacher import load_task
+from tasks.teacher import load_task, teacher_gate
 
 from distillery.config import Params
 
@@ -30,6 +30,7 @@ def run_augment(p: Params, task: str) -> dict[str, Any]:
 
     from distillery.augment import AugmentConfig, augment_dataset, load_word_vectors
 
+    teacher_gate(p, task)  # augmentation only serves distillation from this task's teacher
     source = str(mlm_source(p))
     tokenizer = AutoTokenizer.from_pretrained(source)
     mlm = AutoModelForMaskedLM.from_pretrained(source).eval()
@@ -50,7 +51,8 @@ def run_augment(p: Params, task: str) -> dict[str, Any]:
 def _deps(p: Params, task: str) -> list[Path]:
     mlm = mlm_source(p)
     made_here = p.augment.mlm == "teacher"  # the pre-training stage's output: a dep even before it exists
-    return [paths.task_data(task), vectors_path(p)] + ([Path(mlm)] if made_here or Path(mlm).exists() else [])
+    return ([paths.task_data(task), vectors_path(p), paths.teacher(task) / "model"]
+            + ([Path(mlm)] if made_here or Path(mlm).exists() else []))
 
 
 AUGMENT = Stage(
@@ -58,6 +60,7 @@ AUGMENT = Stage(
     deps=_deps,
     outs=lambda p, t: [paths.augmented(t)],
     params=lambda p, t: {"seed": p.seed, "augment": p.augment.model_dump(mode="json"),
-                         "max_words": p.word_vectors.max_words},
-    code=("distillery/augment", "tasks/augment.py"),
+                         "max_words": p.word_vectors.max_words,
+                         "min_gain_over_trivial": p.finetune.min_gain_over_trivial},
+    code=("distillery/augment", "distillery/glue", "tasks/augment.py", "tasks/teacher.py"),
 )

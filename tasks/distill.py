@@ -17,7 +17,7 @@ from typing import Any
 
 from tasks import paths
 from tasks.stage import Stage, split_item
-from tasks.teacher import finish, load_task, teacher_source, train_options
+from tasks.teacher import finish, load_task, teacher_gate, teacher_source, train_options
 
 from distillery.config import Params
 
@@ -158,9 +158,9 @@ def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
     from distillery import glue
     from distillery.training.distill import distill
     from distillery.training.grid import prediction_grid
-    from distillery.training.metrics import glue_metrics
 
     student, task = split_item(item)
+    teacher_gate(p, task)
     recipe = p.students[student]
     spec = glue.get_task(task)
     teacher_dir = paths.teacher(task) / "model"
@@ -171,20 +171,19 @@ def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
         labels["problem_type"] = "regression"
     start = _task_student(p, student, teacher, tokenizer, labels)
     distilled = recipe.TASK_STAGE == "distill"
-    train, dev = _train_set(p, task, tokenizer, augmented=distilled)
+    train, dev = _train_set(p, task, tokenizer, augmented=distilled and recipe.augmentation)
     out = paths.student(student, task)
     pr = p.task_distillation.prediction
-    compute, main = glue_metrics(task)
 
     def grid_args(g):
-        return dict(compute_metrics=compute, main_score=main, learning_rates=g.lrs, batch_sizes=g.batch_sizes,
-                    epochs=g.epochs, tokenizer=tokenizer, warmup_steps=g.warmup_ratio, seed=p.seed,
-                    per_device_eval_batch_size=64, save_total_limit=1, logging_steps=5)
+        return _grid_args(p, task, g, tokenizer)
     distill_args = dict(cache=pr.cache_teacher_logits, temperature=pr.temperature,
                         regression_target=pr.regression_target,
                         prediction_reduction=getattr(recipe, "prediction_reduction", "paper"))
     curve = None
-    if distilled:
+    if distilled and not recipe.intermediate_step:  # step 2 alone, from where the task stage starts
+        grid = prediction_grid(teacher, start, train, dev, out / "grid", **grid_args(pr), **distill_args)
+    elif distilled:
         # Step 1: intermediate layers on the augmented set, continuing the general student's projection.
         from distillery.models import num_layers
 
@@ -206,18 +205,59 @@ def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
         if getattr(recipe, "task_distillation", False):
             best = grid.best_dir
             grid = prediction_grid(teacher, str(best), train, dev, out / "grid-distill", **grid_args(pr), **distill_args)
-    for run in grid.results:
-        shutil.rmtree(Path(run["model_dir"]).parent / "checkpoints", ignore_errors=True)
+    result = _keep_best(grid, out)
+    result["curve"] = curve or grid.best_dir / "train_log.csv"
+    return result
+
+
+def _grid_args(p: Params, task: str, g, tokenizer) -> dict[str, Any]:
+    from distillery.training.metrics import glue_metrics
+
+    compute, main = glue_metrics(task)
+    return dict(compute_metrics=compute, main_score=main, learning_rates=g.lrs, batch_sizes=g.batch_sizes,
+                epochs=g.epochs, tokenizer=tokenizer, warmup_steps=g.warmup_ratio, seed=p.seed,
+                per_device_eval_batch_size=64, save_total_limit=1, logging_steps=5)
+
+
+def _keep_best(grid, out: Path) -> dict[str, Any]:
+    """Copy the grid's best run to out/model (atomically), drop the runs' checkpoints, report the choice."""
     from distillery.io import atomic_dir
 
+    for run in grid.results:
+        shutil.rmtree(Path(run["model_dir"]).parent / "checkpoints", ignore_errors=True)
     with atomic_dir(out / "model") as tmp:
         shutil.copytree(grid.best_dir, tmp, dirs_exist_ok=True)
     best = grid.best
-    result = {"artifacts": [str(grid.best_dir.parent.parent / "grid.json")],
-              "metrics": {"best_lr": best["learning_rate"], "best_batch_size": best["batch_size"],
-                          "best_dev_main": best["main"]}}
-    result["curve"] = curve or grid.best_dir / "train_log.csv"
-    return result
+    return {"artifacts": [str(grid.best_dir.parent.parent / "grid.json")], "curve": grid.best_dir / "train_log.csv",
+            "metrics": {"best_lr": best["learning_rate"], "best_batch_size": best["batch_size"],
+                        "best_dev_main": best["main"]}}
+
+
+def run_baseline(p: Params, item: str) -> dict[str, Any]:
+    """The student trained without distillation (TinyBERT's BERT-small row): its architecture and initialisation
+    (random weights, or the fine-tuned teacher's layers, or its checkpoint), then the fine-tuning grid
+    `task_distillation.finetune` on the gold labels of the task's own training set (no augmentation)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from distillery import glue
+    from distillery.recipes import init_student
+    from distillery.training.grid import prediction_grid
+
+    student, task = split_item(item)
+    spec = glue.get_task(task)
+    teacher_dir = paths.teacher(task) / "model"
+    tokenizer = AutoTokenizer.from_pretrained(str(teacher_dir))
+    teacher = AutoModelForSequenceClassification.from_pretrained(str(teacher_dir))
+    labels = {"num_labels": spec.num_labels, "id2label": teacher.config.id2label, "label2id": teacher.config.label2id}
+    if spec.is_regression:
+        labels["problem_type"] = "regression"
+    train, dev = _train_set(p, task, tokenizer, augmented=False)
+    out = paths.baseline(student, task)
+    grid = prediction_grid(None, lambda: init_student(p.students[student], teacher, tokenizer,
+                                                      head="sequence-classification", **labels),
+                           train, dev, out / "grid", mode="finetune",
+                           **_grid_args(p, task, p.task_distillation.finetune, tokenizer))
+    return _keep_best(grid, out)
 
 
 def _teacher_source_deps(p: Params) -> list[Path]:
@@ -248,7 +288,7 @@ def _task_deps(p: Params, item: str) -> list[Path]:
     student, task = split_item(item)
     recipe = p.students[student]
     deps = [paths.task_data(task), paths.teacher(task) / "model"]
-    if recipe.TASK_STAGE == "distill" and p.augment.enabled:
+    if recipe.TASK_STAGE == "distill" and recipe.augmentation and p.augment.enabled:
         deps.append(paths.augmented(task))
     if recipe.runs_general:
         deps.append(paths.general_student(student) / "model")
@@ -274,6 +314,16 @@ GENERAL_DISTILLATION = Stage(
     params=_student_params,
     code=TRAINING_CODE + ("distillery/corpus.py", "tasks/distill.py"),
 )
+BASELINE = Stage(
+    "baseline", run_baseline,
+    deps=lambda p, item: [paths.task_data(split_item(item)[1]), paths.teacher(split_item(item)[1]) / "model"]
+    + _checkpoint_deps(p, split_item(item)[0]),
+    outs=lambda p, item: [paths.baseline(*split_item(item)) / "model"],
+    params=lambda p, item: {"seed": p.seed, "max_length": p.data.max_length,
+                            "student": p.students[split_item(item)[0]].model_dump(mode="json"),
+                            "direct_finetune": p.task_distillation.finetune.model_dump(mode="json")},
+    code=TRAINING_CODE + ("distillery/glue", "tasks/distill.py", "tasks/teacher.py"),
+)
 TASK_DISTILLATION = Stage(
     "task_distillation", run_task_distillation,
     deps=_task_deps,
@@ -281,6 +331,7 @@ TASK_DISTILLATION = Stage(
     params=lambda p, item: {"seed": p.seed, "max_length": p.data.max_length,
                             "student": p.students[split_item(item)[0]].model_dump(mode="json"),
                             "augment": p.augment.enabled,
-                            "task_distillation": p.task_distillation.model_dump(mode="json")},
-    code=TRAINING_CODE + ("distillery/glue", "tasks/distill.py"),
+                            "task_distillation": p.task_distillation.model_dump(mode="json"),
+                            "min_gain_over_trivial": p.finetune.min_gain_over_trivial},
+    code=TRAINING_CODE + ("distillery/glue", "tasks/distill.py", "tasks/teacher.py"),
 )

@@ -23,6 +23,13 @@ def evaluated_models(p: Params, task: str) -> dict[str, Path]:
     return models
 
 
+def baselines(p: Params, task: str) -> dict[str, Path]:
+    """row name -> model dir of each student's direct baseline (`<student>-direct`), when they are trained."""
+    if not p.evaluation.baselines:
+        return {}
+    return {f"{name}-direct": paths.baseline(name, task) / "model" for name in p.students}
+
+
 def run_evaluate(p: Params, task: str) -> dict[str, Any]:
     from datasets import DatasetDict
     from transformers import AutoConfig, AutoModelForSequenceClassification
@@ -55,6 +62,13 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
             if extra_test is not None:
                 glue.write_submission(extra, extra_test, paths.predictions(task) / name,
                                       indices=extra_data["test"]["idx"][:])
+    for (name, model_dir), student in zip(baselines(p, task).items(), p.students):
+        metrics, _ = evaluate_model(model_dir, task, data, max_length=p.data.max_length)
+        results[name] = {"params": results[student]["params"], **metrics, "main": glue.main_score(task, metrics),
+                         "baseline_of": student}
+    from tasks.teacher import trivial_baseline
+
+    results["trivial"] = {**trivial_baseline(task), "baseline_of": "teacher"}
     sessions = {}
     if p.evaluation.export_onnx:
         for name in p.students:
@@ -127,7 +141,7 @@ def run_report(p: Params, _: str | None) -> dict[str, Any]:
     batch = min(p.evaluation.latency_batch_sizes)
     latency = {m: r[f"latency_ms_b{batch}"] for task in summary.values() for m, r in task.items()
                if f"latency_ms_b{batch}" in r}
-    written = write_report(summary, paths.REPORTS, loss_curves=curves, latency=latency or None)
+    written = write_report(summary, paths.REPORTS, loss_curves=curves, latency=latency or None, teacher="teacher")
     for model in _models(p):
         written.append(_zip_predictions(p, model))
     return {"artifacts": [str(w) for w in written] + [str(paths.summary())]}
@@ -151,23 +165,32 @@ def _models(p: Params) -> list[str]:
 
 
 def _summary(p: Params) -> dict[str, Any]:
-    """metrics/summary.json: task -> model -> {"params", GLUE metrics..., "retention" (students)}."""
+    """metrics/summary.json: task -> model -> {"params", GLUE metrics..., "retention"}. Rows: the teacher, its
+    trivial baseline (`trivial`), the students, their int8 exports and their direct baselines (`<s>-direct`,
+    with `baseline_of`). Retention (main dev score over the teacher's) is given only when the teacher passed
+    the gate (beat the trivial baseline by `finetune.min_gain_over_trivial`); each student also gets
+    `gain_over_direct`, its main score minus its direct baseline's."""
     summary: dict[str, Any] = {}
     for task in p.data.tasks:
         results = json.loads(paths.evaluation(task).read_text())
         teacher_main = results["teacher"]["main"]
+        passed = teacher_main >= results["trivial"]["main"] + p.finetune.min_gain_over_trivial
         summary[task] = {}
         for name, r in results.items():
             entry = {k: v for k, v in r.items() if k != "main"}
-            if name != "teacher":
-                entry["retention"] = r["main"] / teacher_main if teacher_main else float("nan")
+            if name == "teacher":
+                entry["passed_gate"] = passed
+            elif name != "trivial" and passed:
+                entry["retention"] = r["main"] / teacher_main
+            if f"{name}-direct" in results:
+                entry["gain_over_direct"] = r["main"] - results[f"{name}-direct"]["main"]
             summary[task][name] = entry
             if "int8_main_change" in r:  # the student's int8 ONNX export, as a row of its own
-                summary[task][f"{name}-int8"] = _int8_entry(r, teacher_main)
+                summary[task][f"{name}-int8"] = _int8_entry(r, teacher_main if passed else None)
     return summary
 
 
-def _int8_entry(r: dict[str, Any], teacher_main: float) -> dict[str, Any]:
+def _int8_entry(r: dict[str, Any], teacher_main: float | None) -> dict[str, Any]:
     """The int8 export's metrics (int8_<metric>) and timings (<timing>_int8) under the plain names."""
     entry = {k: r[k] for k in ("params", "flops") if k in r}
     entry.update({k[len("int8_"):]: v for k, v in r.items() if k.startswith("int8_") and k != "int8_main_change"})
@@ -176,21 +199,23 @@ def _int8_entry(r: dict[str, Any], teacher_main: float) -> dict[str, Any]:
         entry["bytes_onnx"] = r["bytes_int8_onnx"]
     main = r["main"] + r["int8_main_change"]
     entry["main_change_vs_fp32"] = r["int8_main_change"]
-    entry["retention"] = main / teacher_main if teacher_main else float("nan")
+    if teacher_main:
+        entry["retention"] = main / teacher_main
     return entry
 
 
 EVALUATE = Stage(
     "evaluate", run_evaluate,
-    deps=lambda p, t: [paths.task_data(t), *evaluated_models(p, t).values()],
+    deps=lambda p, t: [paths.task_data(t), *evaluated_models(p, t).values(), *baselines(p, t).values()],
     outs=lambda p, t: [paths.evaluation(t), paths.predictions(t)] + ([paths.export(s, t) for s in p.students] if p.evaluation.export_onnx else []),
     params=lambda p, t: {"max_length": p.data.max_length, "evaluation": p.evaluation.model_dump(mode="json")},
-    code=("distillery/evaluation.py", "distillery/efficiency", "distillery/glue", "tasks/evaluate.py"),
+    code=("distillery/evaluation.py", "distillery/efficiency", "distillery/glue", "tasks/evaluate.py", "tasks/teacher.py"),
 )
 REPORT = Stage(
     "report", run_report,
     deps=lambda p, _: [paths.evaluation(t) for t in p.data.tasks] + [paths.predictions(t) for t in p.data.tasks],
     outs=lambda p, _: [paths.summary(), paths.REPORTS / "table.md"],
-    params=lambda p, _: {"tasks": p.data.tasks, "students": sorted(p.students)},
+    params=lambda p, _: {"tasks": p.data.tasks, "students": sorted(p.students), "baselines": p.evaluation.baselines,
+                         "min_gain_over_trivial": p.finetune.min_gain_over_trivial},
     code=("distillery/report.py", "tasks/evaluate.py"),
 )

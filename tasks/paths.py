@@ -58,6 +58,11 @@ def student(student: str, task: str) -> Path:
     return MODELS / "students" / f"{student}-{task}"
 
 
+def baseline(student: str, task: str) -> Path:
+    """The student's architecture and initialisation trained on the task's gold labels, without a teacher."""
+    return MODELS / "baseline" / f"{student}-{task}"
+
+
 def export(student: str, task: str) -> Path:
     return MODELS / "export" / task / student
 

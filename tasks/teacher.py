@@ -39,9 +39,18 @@ def finish(output_dir: Path) -> Path:
 
 
 def teacher_source(p: Params) -> str:
-    """The pre-trained teacher every later stage starts from (an MLM-headed checkpoint when pre-trained)."""
+    """The pre-trained teacher general distillation reads (an MLM-headed checkpoint when pre-trained)."""
     if p.pretrain.enabled:
         return str(paths.teacher_mlm() / "model")
+    return teacher_name(p)
+
+
+def finetune_source(p: Params) -> str:
+    """Where teacher fine-tuning starts: the pretrained checkpoint as given, not the continued-MLM copy the
+    pre-training stage makes for augmentation (unless `finetune.from_continued_mlm`); a scratch teacher
+    starts from the pre-training stage, its only pre-training."""
+    if p.teacher.init == "scratch" or (p.pretrain.enabled and p.finetune.from_continued_mlm):
+        return teacher_source(p)
     return teacher_name(p)
 
 
@@ -95,8 +104,9 @@ def run_finetune_teacher(p: Params, task: str) -> dict[str, Any]:
     from distillery.training.metrics import glue_metrics
 
     spec = glue.get_task(task)
-    source = teacher_source(p)
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    source = finetune_source(p)
+    given = source == teacher_name(p) and p.teacher.tokenizer  # a pre-training stage output has its tokenizer
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve(p.teacher.tokenizer)) if given else source)
     data = glue.encode(load_task(task), tokenizer, task, p.data.max_length)
     model = load_teacher(source, head="sequence-classification", num_labels=spec.num_labels,
                          regression=spec.is_regression)
@@ -110,11 +120,49 @@ def run_finetune_teacher(p: Params, task: str) -> dict[str, Any]:
     return {"curve": final / "train_log.csv", "metrics_file": final / "metrics.json"}
 
 
+class TeacherGateError(RuntimeError):
+    """The fine-tuned teacher did not beat its task's trivial baseline: nothing is worth distilling from it."""
+
+
+def trivial_baseline(task: str) -> dict[str, float]:
+    """The task's trivial baseline on its dev split (majority class / mean score of the training labels)."""
+    from distillery import glue
+
+    data = load_task(task)
+    metrics = glue.trivial_baseline(task, data["train"]["label"][:], data["dev"]["label"][:])
+    return {**metrics, "main": glue.main_score(task, metrics)}
+
+
+def teacher_gate(p: Params, task: str) -> None:
+    """Raise TeacherGateError (one line: scores, baseline, what to change) unless the fine-tuned teacher's main
+    dev score beats the trivial baseline by `finetune.min_gain_over_trivial`."""
+    import json
+
+    from distillery import glue
+
+    metrics_file = paths.teacher(task) / "model" / "metrics.json"
+    metrics = {k.removeprefix("eval_"): v for k, v in json.loads(metrics_file.read_text()).items()}
+    score = glue.main_score(task, metrics)
+    trivial = trivial_baseline(task)["main"]
+    if score < trivial + p.finetune.min_gain_over_trivial:
+        raise TeacherGateError(
+            f"{task}: the fine-tuned teacher scores {score:.4f} on dev, the trivial baseline {trivial:.4f} "
+            f"(needed: +{p.finetune.min_gain_over_trivial}); it has not learned the task, so nothing is distilled. "
+            f"Train it longer or on more data (finetune.epochs / lr, data.max_train_examples), or lower "
+            f"finetune.min_gain_over_trivial ({metrics_file})")
+
+
 def _pretrain_deps(p: Params) -> list[Path]:
     deps = [paths.corpus()]
     if p.teacher.init == "pretrained" and resolve(p.teacher.name_or_path).exists():
         deps.append(resolve(p.teacher.name_or_path))
     return deps
+
+
+def _finetune_source_deps(p: Params) -> list[Path]:
+    if finetune_source(p) == teacher_source(p) and p.pretrain.enabled:
+        return [paths.teacher_mlm() / "model"]
+    return _pretrain_deps(p)[1:]
 
 
 PRETRAIN = Stage(
@@ -127,9 +175,10 @@ PRETRAIN = Stage(
 )
 FINETUNE_TEACHER = Stage(
     "finetune_teacher", run_finetune_teacher,
-    deps=lambda p, t: [paths.task_data(t)] + ([paths.teacher_mlm() / "model"] if p.pretrain.enabled else _pretrain_deps(p)[1:]),
+    deps=lambda p, t: [paths.task_data(t)] + _finetune_source_deps(p),
     outs=lambda p, t: [paths.teacher(t) / "model"],
-    params=lambda p, t: {"seed": p.seed, "max_length": p.data.max_length, "finetune": p.finetune.model_dump(mode="json"),
-                         "teacher": p.teacher.model_dump(mode="json") if not p.pretrain.enabled else None},
+    params=lambda p, t: {"seed": p.seed, "max_length": p.data.max_length,
+                         "finetune": p.finetune.model_dump(mode="json", exclude={"min_gain_over_trivial"}),
+                         "teacher": p.teacher.model_dump(mode="json")},
     code=("distillery/training", "distillery/models.py", "distillery/glue", "tasks/teacher.py"),
 )

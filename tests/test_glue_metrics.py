@@ -75,3 +75,26 @@ def test_bad_inputs():
         compute_metrics("stsb", [1.0, 2.0], [-1.0, 2.0])
     with pytest.raises(KeyError, match="f1"):
         main_score("mrpc", {"accuracy": 0.5})
+
+
+def test_trivial_baseline_is_the_training_majority_class():
+    from distillery.glue import trivial_baseline
+
+    # majority of the training labels is 1; dev has 3 of 5 positives -> accuracy 0.6, MCC 0 (a constant)
+    m = trivial_baseline("cola", [1, 1, 0, 1], [1, 0, 1, 0, 1])
+    assert m == {"mcc": 0.0}
+    m = trivial_baseline("sst2", [0, 0, 1], [1, 0, 1, 0, 0])
+    assert m["accuracy"] == pytest.approx(0.6)
+
+
+def test_trivial_baseline_for_regression_is_a_constant_with_zero_correlation():
+    from distillery.glue import trivial_baseline
+
+    assert trivial_baseline("stsb", [1.0, 3.0], [0.5, 4.0, 2.0]) == {"pearson": 0.0, "spearman": 0.0}
+
+
+def test_trivial_baseline_needs_training_labels():
+    from distillery.glue import trivial_baseline
+
+    with pytest.raises(ValueError, match="no training labels"):
+        trivial_baseline("sst2", [], [0, 1])

@@ -3,7 +3,9 @@
 - `python -m flows.pipeline` (Prefect, MLflow) writes metrics/summary.json and the report, registers the
   student, and an immediate re-run hits the cache for every stage;
 - the registered champion predicts labels for raw sentences through mlflow.pyfunc;
-- `dvc repro` runs the same stages; a second `dvc repro` does nothing.
+- `dvc repro` runs the same stages; a second `dvc repro` does nothing;
+- the teacher gate stops a run whose teacher learned nothing, before any distillation;
+- the ablation command adds its variants through the same cached stages.
 
 The project's pipeline files are copied into a temporary directory so nothing touches the checkout.
 """
@@ -82,6 +84,16 @@ def test_pipeline_writes_summary_report_and_registry(prefect_project):
         assert {"params", "accuracy"} <= set(entry)
     assert student["params"] < teacher["params"]
     assert student["retention"] == pytest.approx(student["accuracy"] / teacher["accuracy"])
+    # the floor the teacher beat, and each student's direct baseline (same shape and init, gold labels only)
+    trivial = summary["demo"]["trivial"]
+    assert teacher["passed_gate"] and teacher["accuracy"] >= trivial["accuracy"] + 0.05
+    assert "retention" not in trivial
+    for name in MICRO["students"]:
+        direct = summary["demo"][f"{name}-direct"]
+        assert direct["baseline_of"] == name and direct["params"] == summary["demo"][name]["params"]
+        assert summary["demo"][name]["gain_over_direct"] == pytest.approx(
+            summary["demo"][name]["accuracy"] - direct["accuracy"])
+    assert "micro-direct" in (project / "reports" / "table.md").read_text()
     assert student["onnx_max_abs_diff"] <= 1e-4
     assert "int8_accuracy" in student and "latency_ms_b1" in student
     int8 = summary["demo"]["micro-int8"]  # the int8 ONNX export: its own row, next to its fp32 student
@@ -108,7 +120,7 @@ def test_pipeline_writes_summary_report_and_registry(prefect_project):
 def test_rerun_hits_the_cache_for_every_stage(prefect_project):
     project, _, first_s = prefect_project
     stamps = {p.name: p.stat().st_mtime_ns for p in (project / ".prefect" / "stamps").iterdir()}
-    assert len(stamps) == 18  # every stage and item ran once
+    assert len(stamps) == 21  # every stage and item ran once
     t0 = time.perf_counter()
     run([sys.executable, "-m", "flows.pipeline"], project)
     second_s = time.perf_counter() - t0
@@ -142,3 +154,36 @@ def test_dvc_repro_then_noop(tmp_path):
     assert "Running stage" not in out
     shown = run([sys.executable, "-m", "dvc", "metrics", "show", "--json"], project).stdout
     assert "accuracy" in shown
+
+
+@pytest.mark.slow
+def test_ablation_adds_variants_through_the_cached_stages(prefect_project):
+    project, _, _ = prefect_project
+    stamps = project / ".prefect" / "stamps"
+    kept = {p.name: p.stat().st_mtime_ns for p in stamps.iterdir() if not p.name.startswith(("evaluate", "report"))}
+    run([sys.executable, "-m", "flows.ablation"], project)
+    after = {p.name: p.stat().st_mtime_ns for p in stamps.iterdir()}
+    assert all(after[name] == t for name, t in kept.items()), "the ablation re-ran an unchanged stage"
+    table = (project / "reports" / "ablation.md").read_text()
+    for variant in ("no-gd", "no-da", "no-step1", "no-attn"):
+        assert f"micro-{variant}" in table
+        assert any(n.startswith("task_distillation") and f"micro-{variant}" in n for n in after)
+    assert (project / "reports" / "ablation.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_teacher_gate_stops_before_distillation(tmp_path):
+    params = {**MICRO, "finetune": {"epochs": 1, "lr": 1e-9, "batch_size": 32, "max_steps": 1,
+                                    "min_gain_over_trivial": 0.2},
+              "students": {"micro": MICRO["students"]["micro"]}}
+    project = make_project(tmp_path)
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    proc = subprocess.run([sys.executable, "-m", "flows.pipeline"], cwd=project, env={**env, "PYTHONPATH": str(project)},
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "demo: the fine-tuned teacher scores" in errors[0] and "trivial baseline" in errors[0]
+    assert (project / "models" / "teacher" / "demo" / "model").is_dir()
+    for made_later in ("models/students", "models/general", "data/augmented"):
+        assert not (project / made_later).exists(), made_later
