@@ -146,21 +146,21 @@ def _intro(rows: list[dict[str, Any]]) -> str:
     return text
 
 
-def render_markdown(tasks: list[str], rows: list[dict[str, Any]]) -> str:
+def render_markdown(tasks: list[str], rows: list[dict[str, Any]], notes: list[str] = ()) -> str:
     head = _header(tasks)
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     lines += ["| " + " | ".join(_cells(tasks, r)) + " |" for r in rows]
-    return _intro(rows) + "\n\n" + "\n".join(lines) + "\n"
+    return " ".join([_intro(rows), *notes]) + "\n\n" + "\n".join(lines) + "\n"
 
 
-def render_html(tasks: list[str], rows: list[dict[str, Any]], images: list[str]) -> str:
+def render_html(tasks: list[str], rows: list[dict[str, Any]], images: list[str], notes: list[str] = ()) -> str:
     th = "".join(f"<th>{html.escape(h)}</th>" for h in _header(tasks))
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(tasks, r)) + "</tr>\n" for r in rows)
     imgs = "".join(f'<figure><img src="{html.escape(i)}" alt="{html.escape(i)}" width="560"></figure>\n' for i in images)
     return ("<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>distillery report</title>\n"
             "<style>table{border-collapse:collapse;font-family:sans-serif}td,th{border:1px solid #999;"
             "padding:4px 8px;text-align:right}td:first-child,th:first-child{text-align:left}</style></head><body>\n"
-            f"<h1>Students vs teacher</h1>\n<p>{html.escape(_intro(rows))}</p>\n"
+            f"<h1>Students vs teacher</h1>\n<p>{html.escape(' '.join([_intro(rows), *notes]))}</p>\n"
             f"<table><thead><tr>{th}</tr></thead><tbody>\n{body}</tbody></table>\n{imgs}</body></html>\n")
 
 
@@ -219,13 +219,13 @@ def _scatter(rows: list[dict[str, Any]], key: str, xlabel: str, scale: float, pa
 
 def write_report(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], out_dir: str | os.PathLike, *,
                  latency: Mapping[str, Any] | None = None, loss_curves: Mapping[str, str | os.PathLike] | None = None,
-                 teacher: str | None = None) -> list[Path]:
+                 teacher: str | None = None, notes: list[str] = ()) -> list[Path]:
     """Write table.md, table.html and the PNG plots under `out_dir`; return the written paths.
 
     summary: {task: {model: {"params": int, "<metric>": value, ..., "retention": x (students),
     optional "flops", "latency_ms"}}}. latency: {model: ms | {"median_ms": ms} | LatencyResult}
     (overrides latency_ms). loss_curves: {name: CSV with step,loss columns}. Plots without data are
-    skipped (score vs latency needs latencies).
+    skipped (score vs latency needs latencies). notes: sentences appended to the table's introduction.
     """
     import matplotlib
 
@@ -258,6 +258,6 @@ def write_report(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], out_dir
         finally:
             plt.close(fig)
         images.append("loss_curves.png")
-    written.insert(0, write_text(out / "table.md", render_markdown(tasks, rows)))
-    written.insert(1, write_text(out / "table.html", render_html(tasks, rows, images)))
+    written.insert(0, write_text(out / "table.md", render_markdown(tasks, rows, notes)))
+    written.insert(1, write_text(out / "table.html", render_html(tasks, rows, images, notes)))
     return written

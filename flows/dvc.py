@@ -45,6 +45,7 @@ PARAM_KEYS = {
     "augment": "augment",
     "min_gain_over_trivial": "finetune.min_gain_over_trivial",
     "baselines": "evaluation.baselines",
+    "max_eval_examples": "data.max_eval_examples",
     "direct_finetune": "task_distillation.finetune",
 }
 

@@ -127,15 +127,26 @@ def run_general_distillation(p: Params, student: str) -> dict[str, Any]:
 
 
 def _train_set(p: Params, task: str, tokenizer, augmented: bool):
-    """The augmented set (when asked and augmentation is on; else the task's training split) and dev, encoded."""
-    from datasets import DatasetDict
+    """The training set and dev, encoded. Augmented (when asked and augmentation is on): the augmented file (the
+    first `augment.max_examples` training examples and their variants) plus the training examples it left out,
+    so that distillation never sees fewer of the task's examples than fine-tuning does."""
+    from datasets import DatasetDict, concatenate_datasets
 
     from distillery import glue
 
     data = load_task(task)
-    train = glue.load_split_file(task, paths.augmented(task)) if augmented and p.augment.enabled else data["train"]
-    encoded = glue.encode(DatasetDict({"train": train, "dev": data["dev"]}), tokenizer, task, p.data.max_length)
-    return encoded["train"], encoded["dev"]
+    splits = {"train": data["train"], "dev": data["dev"]}
+    if augmented and p.augment.enabled:
+        splits["train"] = glue.load_split_file(task, paths.augmented(task))
+        covered = p.augment.max_examples or len(data["train"])
+        if covered < len(data["train"]):
+            splits["rest"] = data["train"].select(range(covered, len(data["train"])))
+    encoded = glue.encode(DatasetDict(splits), tokenizer, task, p.data.max_length)
+    train = encoded["train"]
+    if "rest" in encoded:
+        keep = [c for c in train.column_names if c in encoded["rest"].column_names]
+        train = concatenate_datasets([train.select_columns(keep), encoded["rest"].select_columns(keep)])
+    return train, encoded["dev"]
 
 
 def _task_student(p: Params, student: str, teacher, tokenizer, labels: dict[str, Any]):

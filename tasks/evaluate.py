@@ -141,7 +141,16 @@ def run_report(p: Params, _: str | None) -> dict[str, Any]:
     batch = min(p.evaluation.latency_batch_sizes)
     latency = {m: r[f"latency_ms_b{batch}"] for task in summary.values() for m, r in task.items()
                if f"latency_ms_b{batch}" in r}
-    written = write_report(summary, paths.REPORTS, loss_curves=curves, latency=latency or None, teacher="teacher")
+    notes = []
+    if p.data.max_eval_examples:
+        notes.append(f"Dev scores on a random subset of at most {p.data.max_eval_examples} examples per task "
+                     "(data.max_eval_examples), not the full dev split.")
+    failed = [t for t, models in summary.items() if not models["teacher"]["passed_gate"]]
+    if failed:
+        notes.append(f"No retention for {', '.join(failed)}: the teacher did not beat the trivial baseline by "
+                     f"finetune.min_gain_over_trivial.")
+    written = write_report(summary, paths.REPORTS, loss_curves=curves, latency=latency or None, teacher="teacher",
+                           notes=notes)
     for model in _models(p):
         written.append(_zip_predictions(p, model))
     return {"artifacts": [str(w) for w in written] + [str(paths.summary())]}
@@ -216,6 +225,7 @@ REPORT = Stage(
     deps=lambda p, _: [paths.evaluation(t) for t in p.data.tasks] + [paths.predictions(t) for t in p.data.tasks],
     outs=lambda p, _: [paths.summary(), paths.REPORTS / "table.md"],
     params=lambda p, _: {"tasks": p.data.tasks, "students": sorted(p.students), "baselines": p.evaluation.baselines,
+                         "max_eval_examples": p.data.max_eval_examples,
                          "min_gain_over_trivial": p.finetune.min_gain_over_trivial},
     code=("distillery/report.py", "tasks/evaluate.py"),
 )

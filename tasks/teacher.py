@@ -105,8 +105,8 @@ def run_finetune_teacher(p: Params, task: str) -> dict[str, Any]:
 
     spec = glue.get_task(task)
     source = finetune_source(p)
-    given = source == teacher_name(p) and p.teacher.tokenizer  # a pre-training stage output has its tokenizer
-    tokenizer = AutoTokenizer.from_pretrained(str(resolve(p.teacher.tokenizer)) if given else source)
+    own = p.teacher.init == "pretrained" and source == teacher_name(p)  # else a pre-training output, tokenizer inside
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve(p.teacher.tokenizer)) if own and p.teacher.tokenizer else source)
     data = glue.encode(load_task(task), tokenizer, task, p.data.max_length)
     model = load_teacher(source, head="sequence-classification", num_labels=spec.num_labels,
                          regression=spec.is_regression)

@@ -27,13 +27,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 MICRO = {
     "seed": 7,
-    "data": {"source": "demo", "tasks": ["demo"], "max_length": 24, "demo_train": 300, "demo_dev": 100,
+    "data": {"source": "demo", "tasks": ["demo"], "max_length": 24, "demo_train": 600, "demo_dev": 100,
              "demo_test": 40},
     "corpus": {"source": "demo", "demo_documents": 80},
     "teacher": {"init": "scratch", "shape": {"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64},
                 "vocab_size": 300},
     "pretrain": {"epochs": 1, "lr": 1e-3, "batch_size": 32, "max_length": 32},
-    "finetune": {"epochs": 2, "lr": 1e-3, "batch_size": 32},
+    "finetune": {"epochs": 15, "lr": 3e-3, "batch_size": 32, "warmup_ratio": 0.1},  # passes the gate: 0.84 vs 0.5
     "word_vectors": {"source": "corpus", "dim": 8},
     "augment": {"n_aug": 2, "max_examples": 40},
     "students": {  # one student per recipe

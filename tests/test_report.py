@@ -99,3 +99,17 @@ def test_bad_inputs(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing.csv"):
         write_report(SUMMARY, tmp_path / "r", loss_curves={"x": tmp_path / "missing.csv"})
     assert not (tmp_path / "r").exists()  # nothing half-written
+
+
+def test_trivial_and_direct_rows_explained_no_retention_without_a_student_entry():
+    summary = {"sst2": {"teacher": {"accuracy": 0.9, "passed_gate": True},
+                        "trivial": {"accuracy": 0.5, "baseline_of": "teacher"},
+                        "tiny4": {"accuracy": 0.88, "retention": 0.88 / 0.9},
+                        "tiny4-direct": {"accuracy": 0.8, "retention": 0.8 / 0.9, "baseline_of": "tiny4"}}}
+    tasks, rows = build_rows(summary, teacher="teacher")
+    by_name = {r["model"]: r for r in rows}
+    assert by_name["trivial"]["retention"] is None  # a floor, not a student
+    assert by_name["tiny4-direct"]["retention"] == pytest.approx(0.8 / 0.9)
+    md = render_markdown(tasks, rows, ["Dev scores on a random subset."])
+    assert "trivial: the majority class" in md and "Rows ending in -direct" in md
+    assert md.splitlines()[0].endswith("Dev scores on a random subset.")
