@@ -25,7 +25,7 @@ import yaml
 
 from distillery.config import ConfigError, Params, load_params
 from distillery.io import atomic_path, write_text
-from flows.pipeline import params_path, pipeline
+from flows.pipeline import add_params_options, params_path, pipeline
 from tasks import paths, tracking
 
 #: variant -> (what the paper calls it, the recipe fields it changes)
@@ -152,9 +152,7 @@ def run(params_file: str, student: str | None = None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.ablation", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--params", help="params file (default params.yaml)")
-    group.add_argument("--preset", help="a file in params/ by name, e.g. local")
+    add_params_options(parser)
     parser.add_argument("--student", help="the TinyBERT student to ablate (default: the first)")
     args = parser.parse_args(argv)
     try:

@@ -15,7 +15,7 @@ import sys
 from tasks import env  # noqa: F401
 
 from distillery.config import ConfigError, load_params
-from flows.pipeline import params_path, pipeline
+from flows.pipeline import add_params_options, params_path, pipeline
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,9 +23,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--name", default="nightly")
     parser.add_argument("--cron", default="0 3 * * *", help="cron schedule (default: 03:00 every day)")
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--params")
-    group.add_argument("--preset")
+    add_params_options(parser)
     args = parser.parse_args(argv)
     try:
         path = params_path(args.params, args.preset)

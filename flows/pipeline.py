@@ -113,6 +113,13 @@ def _publish(p: Params) -> None:
     create_table_artifact(key="distillery-summary", table=rows)
 
 
+def add_params_options(parser: argparse.ArgumentParser) -> None:
+    """--params FILE | --preset NAME, read back with `params_path(args.params, args.preset)`."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--params", help="params file (default params.yaml)")
+    group.add_argument("--preset", help="a file in params/ by name, e.g. local, paper-tinybert4")
+
+
 def params_path(params: str | None, preset: str | None) -> str:
     if preset:
         path = PRESETS_DIR / f"{preset}.yaml"
@@ -126,9 +133,7 @@ def params_path(params: str | None, preset: str | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--params", help="params file (default params.yaml)")
-    group.add_argument("--preset", help="a file in params/ by name, e.g. local, paper-tinybert4")
+    add_params_options(parser)
     args = parser.parse_args(argv)
     try:
         path = params_path(args.params, args.preset)

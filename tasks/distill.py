@@ -163,23 +163,33 @@ def _task_student(p: Params, student: str, teacher, tokenizer, labels: dict[str,
     return lambda: init_student(recipe, teacher, tokenizer, head="sequence-classification", **labels)
 
 
-def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
+def _task_teacher(task: str):
+    """(teacher, tokenizer, labels): the fine-tuned teacher of a task, its tokenizer, and the label settings
+    (num_labels, id2label, label2id, problem_type) every student of the task is built with."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from distillery import glue
+
+    teacher_dir = paths.teacher(task) / "model"
+    tokenizer = AutoTokenizer.from_pretrained(str(teacher_dir))
+    teacher = AutoModelForSequenceClassification.from_pretrained(str(teacher_dir))
+    labels = {"num_labels": glue.get_task(task).num_labels, "id2label": teacher.config.id2label,
+              "label2id": teacher.config.label2id}
+    if glue.get_task(task).is_regression:
+        labels["problem_type"] = "regression"
+    return teacher, tokenizer, labels
+
+
+def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
+    from transformers import AutoModelForSequenceClassification
+
     from distillery.training.distill import distill
     from distillery.training.grid import prediction_grid
 
     student, task = split_item(item)
     teacher_gate(p, task)
     recipe = p.students[student]
-    spec = glue.get_task(task)
-    teacher_dir = paths.teacher(task) / "model"
-    tokenizer = AutoTokenizer.from_pretrained(str(teacher_dir))
-    teacher = AutoModelForSequenceClassification.from_pretrained(str(teacher_dir))
-    labels = {"num_labels": spec.num_labels, "id2label": teacher.config.id2label, "label2id": teacher.config.label2id}
-    if spec.is_regression:
-        labels["problem_type"] = "regression"
+    teacher, tokenizer, labels = _task_teacher(task)
     start = _task_student(p, student, teacher, tokenizer, labels)
     distilled = recipe.TASK_STAGE == "distill"
     train, dev = _train_set(p, task, tokenizer, augmented=distilled and recipe.augmentation)
@@ -248,20 +258,11 @@ def run_baseline(p: Params, item: str) -> dict[str, Any]:
     """The student trained without distillation (TinyBERT's BERT-small row): its architecture and initialisation
     (random weights, or the fine-tuned teacher's layers, or its checkpoint), then the fine-tuning grid
     `task_distillation.finetune` on the gold labels of the task's own training set (no augmentation)."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    from distillery import glue
     from distillery.recipes import init_student
     from distillery.training.grid import prediction_grid
 
     student, task = split_item(item)
-    spec = glue.get_task(task)
-    teacher_dir = paths.teacher(task) / "model"
-    tokenizer = AutoTokenizer.from_pretrained(str(teacher_dir))
-    teacher = AutoModelForSequenceClassification.from_pretrained(str(teacher_dir))
-    labels = {"num_labels": spec.num_labels, "id2label": teacher.config.id2label, "label2id": teacher.config.label2id}
-    if spec.is_regression:
-        labels["problem_type"] = "regression"
+    teacher, tokenizer, labels = _task_teacher(task)
     train, dev = _train_set(p, task, tokenizer, augmented=False)
     out = paths.baseline(student, task)
     grid = prediction_grid(None, lambda: init_student(p.students[student], teacher, tokenizer,

@@ -10,7 +10,7 @@ from typing import Any
 from tasks import paths
 from tasks.data import extra_split
 from tasks.stage import Stage
-from tasks.teacher import load_task
+from tasks.teacher import beats_trivial, load_task, trivial_baseline
 
 from distillery.config import Params
 from distillery.io import write_json
@@ -66,8 +66,6 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
         metrics, _ = evaluate_model(model_dir, task, data, max_length=p.data.max_length)
         results[name] = {"params": results[student]["params"], **metrics, "main": glue.main_score(task, metrics),
                          "baseline_of": student}
-    from tasks.teacher import trivial_baseline
-
     results["trivial"] = {**trivial_baseline(task), "baseline_of": "teacher"}
     sessions = {}
     if p.evaluation.export_onnx:
@@ -183,7 +181,7 @@ def _summary(p: Params) -> dict[str, Any]:
     for task in p.data.tasks:
         results = json.loads(paths.evaluation(task).read_text())
         teacher_main = results["teacher"]["main"]
-        passed = teacher_main >= results["trivial"]["main"] + p.finetune.min_gain_over_trivial
+        passed = beats_trivial(p, teacher_main, results["trivial"]["main"])
         summary[task] = {}
         for name, r in results.items():
             entry = {k: v for k, v in r.items() if k != "main"}

@@ -133,6 +133,11 @@ def trivial_baseline(task: str) -> dict[str, float]:
     return {**metrics, "main": glue.main_score(task, metrics)}
 
 
+def beats_trivial(p: Params, score: float, trivial: float) -> bool:
+    """The gate's rule: a teacher's main dev score beats the trivial baseline's by `finetune.min_gain_over_trivial`."""
+    return score >= trivial + p.finetune.min_gain_over_trivial
+
+
 def teacher_gate(p: Params, task: str) -> None:
     """Raise TeacherGateError (one line: scores, baseline, what to change) unless the fine-tuned teacher's main
     dev score beats the trivial baseline by `finetune.min_gain_over_trivial`."""
@@ -144,7 +149,7 @@ def teacher_gate(p: Params, task: str) -> None:
     metrics = {k.removeprefix("eval_"): v for k, v in json.loads(metrics_file.read_text()).items()}
     score = glue.main_score(task, metrics)
     trivial = trivial_baseline(task)["main"]
-    if score < trivial + p.finetune.min_gain_over_trivial:
+    if not beats_trivial(p, score, trivial):
         raise TeacherGateError(
             f"{task}: the fine-tuned teacher scores {score:.4f} on dev, the trivial baseline {trivial:.4f} "
             f"(needed: +{p.finetune.min_gain_over_trivial}); it has not learned the task, so nothing is distilled. "
