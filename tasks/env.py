@@ -35,6 +35,11 @@ def apply() -> None:
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+        # a quiet console: no load-report tables (a fresh classifier head is expected), no per-map dataset
+        # bars, no MLflow INFO lines; errors and the training progress bar stay
+        "TRANSFORMERS_VERBOSITY": "error",
+        "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+        "MLFLOW_LOGGING_LEVEL": "WARNING",
     }
     for key, value in defaults.items():
         os.environ.setdefault(key, value)

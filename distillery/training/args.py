@@ -10,10 +10,12 @@ import dataclasses
 import os
 from typing import Any, Mapping
 
+import torch
 from transformers import DataCollatorWithPadding, TrainingArguments, default_data_collator
 
 #: Defaults that differ from `TrainingArguments`' own: no experiment trackers (the pipeline logs to MLflow
-#: itself from `train_log.csv`), a bounded number of checkpoints, frequent logging for loss curves.
+#: itself from `train_log.csv`), a bounded number of checkpoints, frequent logging for loss curves, pinned
+#: memory only where there is a GPU to pin for.
 DEFAULTS: dict[str, Any] = {
     "report_to": "none",
     "save_total_limit": 2,
@@ -22,6 +24,7 @@ DEFAULTS: dict[str, Any] = {
     "save_steps": 500,
     "seed": 42,
     "disable_tqdm": False,
+    "dataloader_pin_memory": torch.cuda.is_available(),
 }
 
 _FIELDS = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}

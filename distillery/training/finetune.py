@@ -15,7 +15,7 @@ import datasets
 from transformers import PreTrainedModel, Trainer, TrainerCallback, TrainingArguments
 
 from distillery.training.args import collator_for, train_arguments
-from distillery.training.log import LOG_NAME, rows_from_state, write_log
+from distillery.training.log import LOG_NAME, quiet_progress, rows_from_state, write_log
 from distillery.training.metrics import MetricFn, trainer_metrics
 from distillery.training.saving import last_checkpoint, save_final
 
@@ -54,6 +54,7 @@ def finetune(
         compute_metrics=trainer_metrics(compute_metrics, main_score) if compute_metrics else None,
         callbacks=list(callbacks),
     )
+    quiet_progress(trainer)
     trainer.train(resume_from_checkpoint=last_checkpoint(output_dir) if resume else None)
     metrics = trainer.evaluate() if eval_dataset is not None else None
     rows = rows_from_state(trainer.state.log_history)

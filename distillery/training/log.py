@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
+from transformers import ProgressCallback, TrainerCallback
 
 from distillery.io import atomic_path
 
@@ -41,6 +41,22 @@ class LossHistory(TrainerCallback):
 
     def write_csv(self, path: str | os.PathLike) -> Path:
         return write_log(path, self.history)
+
+
+class QuietProgress(ProgressCallback):
+    """The Trainer's progress bar, showing the latest loss on the bar instead of printing a dict per logging
+    step (every logged value still reaches `train_log.csv` and MLflow)."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and self.training_bar is not None and logs and "loss" in logs:
+            self.training_bar.set_postfix(loss=f"{logs['loss']:.4g}", refresh=False)
+
+
+def quiet_progress(trainer):
+    """Replace the Trainer's default progress callback with `QuietProgress` (no change when tqdm is off)."""
+    if trainer.pop_callback(ProgressCallback) is not None:
+        trainer.add_callback(QuietProgress())
+    return trainer
 
 
 def rows_from_state(log_history: list[dict[str, Any]]) -> list[dict[str, Any]]:
