@@ -1,25 +1,50 @@
-"""Run one stage for one item: the body, its MLflow run, its training curve for DVC plots, its stamp."""
+"""Run one stage for one item: the body, its MLflow run, its training curve for DVC plots, its stamp.
+
+A fresh stage (`tasks.stage.is_fresh`) is not run again. Before a stage runs, what a killed earlier run left
+behind is cleaned: temporary files of atomic writes, and resume checkpoints that were written under another
+key (other params, code or inputs), so a run resumes only from checkpoints its own key made.
+"""
 
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 from tasks import paths, tracking
-from tasks.stage import Stage, run_stage
+from tasks.stage import STAMPS, Stage, is_fresh, run_stage, stage_key
 
 from distillery.config import Params
-from distillery.io import atomic_path
+from distillery.io import atomic_path, write_text
+from distillery.training.saving import CHECKPOINTS, MODEL
 
 
 def curve_name(stage: Stage, item: str | None) -> str:
     return stage.name if item is None else f"{stage.name}-{item.replace(':', '-')}"
 
 
-def execute(stage: Stage, params: Params, item: str | None = None, parent_run_id: str | None = None) -> dict[str, Any]:
-    """Run `stage` for `item` inside a (nested) MLflow run; return a JSON-able result with output paths."""
+def label(stage: Stage, item: str | None) -> str:
+    return stage.name if item is None else f"{stage.name}[{item}]"
+
+
+def say(line: str) -> None:
+    """One line on the console for a stage event (started / cached / done)."""
+    print(line, flush=True)
+
+
+def execute(stage: Stage, params: Params, item: str | None = None, parent_run_id: str | None = None,
+            *, say_cached: bool = True) -> dict[str, Any]:
+    """Run `stage` for `item` inside a (nested) MLflow run, unless it is fresh; return a JSON-able result with
+    output paths (and `"cached": True` when nothing ran)."""
+    if is_fresh(stage, params, item):
+        if say_cached:
+            say(f"{label(stage, item)}: cached")
+        return {"cached": True, "outs": [str(o) for o in stage.outs(params, item)]}
     name = curve_name(stage, item)
+    prepare(stage, params, item)
+    say(f"{label(stage, item)}: started")
+    started = time.perf_counter()
     with tracking.run(name, params=stage.params(params, item), parent_run_id=parent_run_id,
                       tags={"stage": stage.name, "item": item or ""}):
         result = run_stage(stage, params, item)
@@ -27,6 +52,48 @@ def execute(stage: Stage, params: Params, item: str | None = None, parent_run_id
             with atomic_path(paths.curves(name)) as tmp:
                 shutil.copyfile(result["curve"], tmp)
         tracking.log_result(result)
+    _started_file(stage, item).unlink(missing_ok=True)
+    say(f"{label(stage, item)}: done in {time.perf_counter() - started:.0f} s")
     result = {k: (str(v) if isinstance(v, Path) else v) for k, v in result.items()}
     result["outs"] = [str(o) for o in stage.outs(params, item)]
     return result
+
+
+def _started_file(stage: Stage, item: str | None) -> Path:
+    return STAMPS / f"{stage.name}@{item or '-'}.started"
+
+
+def prepare(stage: Stage, params: Params, item: str | None) -> None:
+    """Clean up after a killed run of this stage: leftover temporary files of atomic writes (`.NAME.*.tmp`,
+    `.NAME.old`) and resume checkpoints that another key made; then record the key this run starts under."""
+    key = stage_key(stage, params, item)
+    started = _started_file(stage, item)
+    same_key = started.is_file() and started.read_text().strip() == key
+    for out in map(Path, stage.outs(params, item)):
+        _remove_leftovers(out)
+        if not same_key:
+            for ckpt in _checkpoint_dirs(out):
+                shutil.rmtree(ckpt, ignore_errors=True)
+    write_text(started, key + "\n")
+
+
+def _remove_leftovers(out: Path) -> None:
+    places = [out.parent] + ([out] if out.is_dir() else [])
+    for place in places:
+        if not place.is_dir():
+            continue
+        pattern = f".{out.name}.*" if place == out.parent else ".*.*"
+        candidates = place.glob(pattern) if place == out.parent else place.rglob(pattern)
+        for leftover in list(candidates):
+            if leftover.name.endswith((".tmp", ".old")):
+                if leftover.is_dir():
+                    shutil.rmtree(leftover, ignore_errors=True)
+                else:
+                    leftover.unlink(missing_ok=True)
+
+
+def _checkpoint_dirs(out: Path) -> list[Path]:
+    """Trainer resume checkpoints of a stage output: every `checkpoints/` in the training directory whose final
+    `model/` the output is (the grid's and step 1's runs included), or inside the output directory."""
+    base = out.parent if out.name == MODEL else out
+    return [d for d in base.rglob(CHECKPOINTS) if d.is_dir()] if base.is_dir() else []

@@ -5,9 +5,12 @@ outputs and the params that matter. From those, one content-addressed cache key 
 
     key = sha256(stage, item, code version, the params that matter, fingerprints of every input)
 
-The Prefect flow uses it as the task cache key; DVC reaches the same decision from `dvc.yaml` (same deps,
-same params, same outs). A key also misses when an output is gone or was last written under another key,
-so a cache hit never returns a path whose content belongs to different params.
+The stamp a stage writes after it ran (`.prefect/stamps/<stage>@<item>`) is the one record of freshness: the
+key that made the outputs and a fingerprint of each output as written. A stage is fresh when the key is the
+same and every output still has that fingerprint, so a deleted, modified or foreign output is stale. The
+Prefect flow uses the key as its task cache key and runs no body for a fresh stage even when Prefect's own
+result store misses (e.g. after `dvc repro`); `python -m flows.stage`, which DVC calls, skips a fresh stage
+the same way. DVC reaches the same decision from `dvc.yaml` (same deps, same params, same outs).
 """
 
 from __future__ import annotations
@@ -110,19 +113,32 @@ def _stamp_path(stage: Stage, item: str | None) -> Path:
     return STAMPS / f"{stage.name}@{item or '-'}"
 
 
+def _outputs(stage: Stage, params: Params, item: str | None) -> dict[str, str]:
+    return {str(o): fingerprint(o) for o in stage.outs(params, item)}
+
+
 def is_fresh(stage: Stage, params: Params, item: str | None) -> bool:
-    """True when every output exists and was last written under this key (so a cache hit is valid)."""
-    key = stage_key(stage, params, item)
+    """True when the stamp says this key made the outputs and every output is still as it was written."""
     stamp = _stamp_path(stage, item)
-    outputs_ok = all(Path(o).exists() for o in stage.outs(params, item))
-    return outputs_ok and stamp.is_file() and stamp.read_text().strip() == key
+    if not stamp.is_file():
+        return False
+    try:
+        recorded = json.loads(stamp.read_text())
+    except ValueError:  # an old plain-key stamp, or a damaged one: not fresh
+        return False
+    if not isinstance(recorded, dict) or recorded.get("key") != stage_key(stage, params, item):
+        return False
+    outputs = _outputs(stage, params, item)
+    return "missing" not in outputs.values() and recorded.get("outputs") == outputs
 
 
 def run_stage(stage: Stage, params: Params, item: str | None) -> dict[str, Any]:
-    """Run a stage body and stamp its outputs with the key that made them."""
+    """Run a stage body, then stamp its outputs with the key that made them and their fingerprints."""
     key = stage_key(stage, params, item)
+    _stamp_path(stage, item).unlink(missing_ok=True)  # a killed run must not leave an old stamp that looks valid
     result = stage.run(params, item)
-    write_text(_stamp_path(stage, item), key + "\n")
+    write_text(_stamp_path(stage, item), json.dumps({"key": key, "outputs": _outputs(stage, params, item)},
+                                                    indent=1, sort_keys=True) + "\n")
     return result
 
 

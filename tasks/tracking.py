@@ -1,6 +1,8 @@
 """MLflow tracking for stages: one parent run per pipeline run, a nested run per stage.
 
 The tracking URI defaults to `sqlite:///<project>/mlflow.db` (tasks.env); MLFLOW_TRACKING_URI overrides it.
+Each run carries the host and process id that own it, so a run whose process was killed (it stays RUNNING
+forever otherwise) is marked FAILED when the next top-level run starts on that host.
 """
 
 from __future__ import annotations
@@ -9,10 +11,13 @@ import contextlib
 import csv
 import json
 import math
+import os
+import socket
 from pathlib import Path
 from typing import Any, Iterator
 
 EXPERIMENT = "distillery"
+HOST_TAG, PID_TAG = "distillery.host", "distillery.pid"
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -31,12 +36,41 @@ def run(name: str, *, params: dict[str, Any] | None = None, parent_run_id: str |
         tags: dict[str, str] | None = None) -> Iterator[Any]:
     import mlflow
 
-    mlflow.set_experiment(EXPERIMENT)
+    experiment = mlflow.set_experiment(EXPERIMENT)
+    if not parent_run_id:
+        close_orphans(experiment.experiment_id)
     kwargs = {"parent_run_id": parent_run_id, "nested": True} if parent_run_id else {}
-    with mlflow.start_run(run_name=name, tags=tags, **kwargs) as active:
+    owner = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
+    with mlflow.start_run(run_name=name, tags={**(tags or {}), **owner}, **kwargs) as active:
         if params:
             mlflow.log_params({k: str(v)[:6000] for k, v in _flatten(params).items()})
         yield active
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def close_orphans(experiment_id: str) -> list[str]:
+    """Mark FAILED the RUNNING runs of this host whose process is gone (killed); return their ids."""
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    host = socket.gethostname()
+    closed = []
+    for r in client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=1000):
+        tags = r.data.tags
+        if tags.get(HOST_TAG) == host and tags.get(PID_TAG, "").isdigit() and not _alive(int(tags[PID_TAG])):
+            client.set_tag(r.info.run_id, "distillery.killed", "the process that ran it ended without closing it")
+            client.set_terminated(r.info.run_id, status="FAILED")
+            closed.append(r.info.run_id)
+    return closed
 
 
 def log_result(result: dict[str, Any]) -> None:

@@ -78,3 +78,66 @@ def test_code_version_is_per_stage(params):
     from flows.stages import STAGES
 
     assert stage_mod.code_version(STAGES["register"].code) != stage_mod.code_version(STAGES["report"].code)
+
+
+def _toy(tmp_path, monkeypatch, body=None):
+    from tasks import execute as execute_mod
+
+    monkeypatch.setattr(stage_mod, "STAMPS", tmp_path / "stamps")
+    monkeypatch.setattr(execute_mod, "STAMPS", tmp_path / "stamps")
+    out = tmp_path / "run" / "model"
+    calls = []
+
+    def default(p, i):
+        calls.append(p.finetune.lr)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "weights.txt").write_text(str(p.finetune.lr))
+        return {}
+
+    s = Stage("toy", run=body or default, deps=lambda p, i: [], outs=lambda p, i: [out],
+              params=lambda p, i: {"lr": p.finetune.lr})
+    return s, out, calls
+
+
+def test_a_modified_output_is_stale(tmp_path, params, monkeypatch):
+    s, out, _ = _toy(tmp_path, monkeypatch)
+    run_stage(s, params, None)
+    assert is_fresh(s, params, None)
+    (out / "weights.txt").write_text("edited by hand")
+    assert not is_fresh(s, params, None)
+    run_stage(s, params, None)
+    assert is_fresh(s, params, None)
+    (out / "extra.bin").write_text("a file the stage did not write")
+    assert not is_fresh(s, params, None)
+
+
+def test_execute_skips_a_fresh_stage_and_says_one_line(tmp_path, params, monkeypatch, capsys):
+    from tasks import execute as execute_mod
+
+    monkeypatch.setattr(execute_mod.tracking, "run", lambda *a, **k: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(execute_mod.tracking, "log_result", lambda result: None)
+    s, out, calls = _toy(tmp_path, monkeypatch)
+    execute_mod.execute(s, params)
+    assert execute_mod.execute(s, params)["cached"] is True
+    assert len(calls) == 1  # the second call ran nothing (e.g. `dvc repro` after the Prefect flow)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "toy: started" and lines[1].startswith("toy: done in ") and lines[2] == "toy: cached"
+
+
+def test_a_killed_run_leaves_nothing_that_misleads_the_next(tmp_path, params, monkeypatch):
+    """Leftover temp files are removed; checkpoints resume only under the key that wrote them."""
+    from tasks import execute as execute_mod
+
+    s, out, _ = _toy(tmp_path, monkeypatch)
+    ckpt = out.parent / "checkpoints" / "checkpoint-10"
+    ckpt.mkdir(parents=True)
+    leftover = out.parent / ".model.abc123.tmp"
+    leftover.mkdir()
+    execute_mod.prepare(s, params, None)  # the run that gets killed: no .started before, so no checkpoint is trusted
+    assert not ckpt.exists() and not leftover.exists()
+    ckpt.mkdir(parents=True)  # ... it writes a checkpoint, then dies
+    execute_mod.prepare(s, params, None)  # same params, code and inputs: resume
+    assert ckpt.is_dir()
+    other = params.model_copy(update={"finetune": params.finetune.model_copy(update={"lr": 1e-5})})
+    execute_mod.prepare(s, other, None)  # changed learning rate: the old checkpoint must not be resumed
+    assert not ckpt.exists()
