@@ -33,12 +33,38 @@ def model_dir(output_dir: str | os.PathLike) -> Path:
     return Path(output_dir) / MODEL
 
 
+def checkpoint_complete(path: str | os.PathLike) -> bool:
+    """Whether a Trainer checkpoint was written to the end: its state parses, every safetensors file's header
+    matches its size, every torch pickle is a whole zip archive. A process killed while saving leaves one that
+    is not."""
+    import json
+    import zipfile
+
+    from safetensors import safe_open
+
+    path = Path(path)
+    try:
+        json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+        for f in path.glob("*.safetensors"):
+            with safe_open(str(f), framework="pt"):
+                pass
+    except Exception:  # OSError, a JSON error, or safetensors' own error on a truncated file
+        return False
+    return all(zipfile.is_zipfile(f) for f in (*path.glob("*.pt"), *path.glob("*.pth"), *path.glob("*.bin")))
+
+
 def last_checkpoint(output_dir: str | os.PathLike) -> str | None:
-    """The newest `checkpoint-N` under `output_dir/checkpoints`, or None (fresh start)."""
+    """The newest complete `checkpoint-N` under `output_dir/checkpoints`, or None (fresh start). Incomplete
+    checkpoints newer than it (a kill while saving) are deleted so that the Trainer never resumes or rotates
+    into them."""
+    import shutil
+
     ckpt = checkpoint_dir(output_dir)
-    if not ckpt.is_dir():
-        return None
-    return get_last_checkpoint(str(ckpt))
+    while ckpt.is_dir() and (newest := get_last_checkpoint(str(ckpt))) is not None:
+        if checkpoint_complete(newest):
+            return newest
+        shutil.rmtree(newest)
+    return None
 
 
 def save_final(
