@@ -1,10 +1,15 @@
-"""The `distillery` console command. Each feature module registers its own sub-commands."""
+"""The `distillery` console command. Each feature module registers its own sub-commands.
+
+A user error (a bad input file, model directory or output path) prints one line, ``error: <message>``, and
+exits with code 2; ``--debug`` (anywhere on the line) shows its traceback instead."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+
+from distillery.errors import debug_requested, run_main
 
 # module path -> each exposes `register(subparsers)` adding parsers whose `func(args) -> int` runs them.
 COMMAND_MODULES = [
@@ -16,6 +21,7 @@ COMMAND_MODULES = [
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="distillery", description=__doc__)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of a user error")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
@@ -23,8 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = debug_requested(argv)
+    args = build_parser().parse_args([a for a in argv if a != "--debug"])
+    return run_main(lambda: int(args.func(args) or 0), debug=debug)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from distillery.errors import UserError
 from distillery.recipes import (
     RECIPE_NAMES,
     Dims,
@@ -24,9 +25,13 @@ from distillery.recipes import (
 )
 
 INIT_KINDS = ("random", "teacher_layers", "checkpoint")
+#: data.tasks accepted per data.source: the demo generator writes only `demo`; the GLUE tasks with a training
+#: split (MNLI-mm and AX are predicted by the MNLI model); a local directory may also hold generated tasks.
+TRAINABLE_GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
+TASKS_BY_SOURCE = {"demo": ("demo",), "hub": TRAINABLE_GLUE_TASKS, "local": TRAINABLE_GLUE_TASKS + ("demo", "demo-pair")}
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A params file that cannot be used; the message names the file and the key."""
 
 
@@ -49,6 +54,34 @@ class DataSection(Section):
     demo_train: int = Field(2000, ge=10)
     demo_dev: int = Field(400, ge=10)
     demo_test: int = Field(400, ge=10)
+
+    @field_validator("tasks")
+    @classmethod
+    def _known_tasks(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        """Task names become path components (data/tasks/<task>, ...): only the registry's trainable tasks, by
+        their exact names, are accepted, before any path is joined."""
+        from distillery.glue.tasks import TASKS, get_task
+
+        source = info.data.get("source", "demo")
+        known = TASKS_BY_SOURCE.get(source, TRAINABLE_GLUE_TASKS)
+        for name in v:
+            if name in known:
+                continue
+            hint = ""
+            try:
+                canonical = get_task(name).name
+            except ValueError:
+                canonical = None
+            if canonical in known:
+                hint = f" (did you mean {canonical!r}?)"
+            elif name in TASKS:
+                hint = (" (the demo source generates only 'demo'; set data.source to local or hub for GLUE tasks)"
+                        if source == "demo" else " (MNLI-mm and AX are evaluated with the mnli model: list 'mnli')"
+                        if name in ("mnli-mm", "ax") else " (a generated task: data.source demo or local)")
+            raise ValueError(f"unknown task {name!r} for source {source!r}{hint}; known: {', '.join(known)}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"a task is listed twice: {v}")
+        return v
 
     @model_validator(mode="after")
     def _dir_for_local(self) -> "DataSection":
@@ -182,9 +215,21 @@ class EvaluationSection(Section):
     latency_seq_len: int = Field(128, ge=8, le=512)
     export_onnx: bool = True  # ONNX + int8 (ONNX Runtime dynamic quantisation) of every student
 
+    @field_validator("latency_batch_sizes")
+    @classmethod
+    def _positive_batches(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("give at least one batch size (the report's speed column uses the smallest)")
+        if any(b < 1 for b in v):
+            raise ValueError(f"every batch size must be >= 1, got {v}")
+        return v
+
 
 class RegistrySection(Section):
     enabled: bool = True
+    # A new version gets the alias `candidate`; `champion` moves to it only when its main dev score beats the
+    # current champion's by more than this (0: any improvement; a tie keeps the champion).
+    promote_margin: float = Field(0.0, ge=0)
 
 
 class Params(Section):
@@ -279,13 +324,23 @@ def has_mlm_head(name_or_path: str, root: Path) -> bool | None:
     return any(a.endswith(("ForMaskedLM", "ForPreTraining")) for a in archs)
 
 
+def _root(path: str, root: Path | None) -> Path:
+    root = Path(root) if root is not None else Path(path).resolve().parent
+    return root.parent if root.name == "params" else root  # a preset in params/: paths are relative to the project
+
+
 def check_params(p: Params, path: str = "params.yaml", root: Path | None = None) -> Params:
     """What params alone can tell beyond the schema: every student recipe against its teacher (layer maps,
     heads, widths, relation heads, teacher layers, MLM head for pre-training distillation), local checkpoints."""
-    root = Path(root) if root is not None else Path(path).resolve().parent
-    if root.name == "params":  # a preset in params/: paths are relative to the project root
-        root = root.parent
-    teacher = teacher_dims(p, root)
+    root = _root(path, root)
+    if p.augment.enabled and p.augment.mlm == "teacher" and not p.pretrain.enabled:
+        raise ConfigError(f"{path}: augment.mlm: 'teacher' is the pre-training stage's MLM and needs pretrain.enabled; "
+                          "give a masked-LM checkpoint (directory or Hub name) instead, or set augment.enabled: false")
+    _check_students(p, teacher_dims(p, root), path, root)
+    return p
+
+
+def _check_students(p: Params, teacher: Dims | None, path: str, root: Path) -> None:
     mlm_teacher = p.pretrain.enabled or (p.teacher.init == "pretrained" and has_mlm_head(p.teacher.name_or_path, root))
     for name, recipe in p.students.items():
         key = f"students.{name}"
@@ -303,12 +358,110 @@ def check_params(p: Params, path: str = "params.yaml", root: Path | None = None)
                 check_recipe(recipe, teacher, key)
             except RecipeError as exc:
                 raise ConfigError(f"{path}: {exc}") from None
+
+
+def _hub_offline() -> bool:
+    import os
+
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def _check_model_ref(name: str, root: Path, key: str, path: str, what: str = "model") -> Path | None:
+    """A params model reference (local directory or Hub name) that can be used: an existing directory with a
+    config.json (returned), or a valid Hub id that is cached when the Hub is offline (its cached config.json is
+    returned, or None when it will be downloaded). Raises ConfigError naming ``key`` otherwise."""
+    from distillery.models import _looks_local
+
+    local = resolve_path(name, root)
+    if local.exists():
+        if not (local / "config.json").is_file():
+            raise ConfigError(f"{path}: {key}: {local} is not a {what} directory (no config.json)")
+        return local / "config.json"
+    if _looks_local(name):
+        raise ConfigError(f"{path}: {key}: {what} directory {local} not found; give an existing directory "
+                          "(relative paths start at the project root) or a Hub model id")
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise ConfigError(f"{path}: {key}: {name!r} is neither an existing directory ({local}) nor a Hub model id "
+                          "(org/name)") from None
+    cached = try_to_load_from_cache(name, "config.json")
+    if isinstance(cached, str):
+        return Path(cached)
+    if _hub_offline():
+        raise ConfigError(f"{path}: {key}: {name!r} is not a directory ({local} not found) and not in the Hugging "
+                          "Face cache, and the Hub is offline (HF_HUB_OFFLINE); give a local model directory")
+    return None
+
+
+def _check_file(entry: str, root: Path, key: str, path: str, *, directory_ok: bool = False) -> Path:
+    local = resolve_path(entry, root)
+    if not local.exists() or (not directory_ok and local.is_dir()):
+        what = "file or directory" if directory_ok else "file"
+        raise ConfigError(f"{path}: {key}: {what} {local} not found (relative paths start at the project root)")
+    return local
+
+
+def check_inputs(p: Params, path: str = "params.yaml", root: Path | None = None) -> Params:
+    """Every input the params name exists and is what it should be, before the first stage runs: the teacher
+    (a local model directory, or a Hub id, cached when the Hub is offline; a cached Hub teacher's config is read
+    for the recipe checks), its tokenizer, the GLUE directory with each task's files, the corpus files, the
+    word-vector file, the augmentation MLM (with an MLM head) and the students' init checkpoints."""
+    from distillery.glue.tasks import get_task, tasks_evaluated_with
+
+    root = _root(path, root)
+    t = p.teacher
+    if t.init == "pretrained":
+        config = _check_model_ref(t.name_or_path, root, "teacher.name_or_path", path, "teacher")
+        if config is not None and not resolve_path(t.name_or_path, root).exists():  # a cached Hub teacher
+            from transformers import AutoConfig
+
+            _check_students(p, Dims.of_config(AutoConfig.from_pretrained(str(config.parent))), path, root)
+    if t.tokenizer not in (None, "demo"):
+        _check_file(t.tokenizer, root, "teacher.tokenizer", path, directory_ok=True)
+    if p.data.source == "local":
+        glue_dir = resolve_path(p.data.glue_dir, root)
+        if not glue_dir.is_dir():
+            raise ConfigError(f"{path}: data.glue_dir: directory {glue_dir} not found (the GLUE download layout: "
+                              "<glue_dir>/SST-2/train.tsv, ...)")
+        for task in p.data.tasks:
+            for name in tasks_evaluated_with(task):
+                spec = get_task(name)
+                needed = [f for s, f in spec.files.items() if s in ("train", "dev")]
+                missing = [f for f in needed if not (glue_dir / spec.dirname / f).is_file()]
+                if not (glue_dir / spec.dirname).is_dir() or missing:
+                    raise ConfigError(f"{path}: data.tasks: {name} needs {glue_dir / spec.dirname}/ with "
+                                      f"{', '.join(needed) or 'its files'} (missing: {', '.join(missing) or 'the directory'})")
+    if p.corpus.source == "files":
+        for i, entry in enumerate(p.corpus.paths):
+            local = _check_file(entry, root, f"corpus.paths[{i}]", path, directory_ok=True)
+            if local.is_dir() and not any(local.rglob("*.txt")):
+                raise ConfigError(f"{path}: corpus.paths[{i}]: directory {local} holds no .txt file")
+    if p.augment.enabled and p.word_vectors.source == "file":
+        _check_file(p.word_vectors.path, root, "word_vectors.path", path)
+    if p.augment.enabled and p.augment.mlm != "teacher":
+        config = _check_model_ref(p.augment.mlm, root, "augment.mlm", path, "masked-LM")
+        if config is not None:
+            import json
+
+            archs = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
+            if archs and not any(a.endswith(("ForMaskedLM", "ForPreTraining")) for a in archs):
+                raise ConfigError(f"{path}: augment.mlm: {p.augment.mlm} has no MLM head (saved as {archs[0]}); "
+                                  "give a masked-LM checkpoint (…ForMaskedLM), or 'teacher' with pretrain.enabled")
+    for name, recipe in p.students.items():
+        if recipe.init.kind == "checkpoint":
+            _check_model_ref(recipe.init.checkpoint, root, f"students.{name}.init.checkpoint", path, "checkpoint")
     return p
 
 
-def load_params(path: str | Path = "params.yaml", *, check: bool = True) -> Params:
+def load_params(path: str | Path = "params.yaml", *, check: bool = True, inputs: bool = False,
+                root: Path | None = None) -> Params:
     """Read and validate a params file; raise ConfigError naming the file and key on any problem.
-    ``check`` also runs :func:`check_params` (reads the teacher's config.json when it is local)."""
+    ``check`` also runs :func:`check_params` (reads the teacher's config.json when it is local); ``inputs`` also
+    :func:`check_inputs` (every path the params name exists; relative paths start at ``root``)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: params file not found")
@@ -317,4 +470,8 @@ def load_params(path: str | Path = "params.yaml", *, check: bool = True) -> Para
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     p = parse_params(data, str(path))
-    return check_params(p, str(path)) if check else p
+    if check:
+        check_params(p, str(path), root)
+    if inputs:
+        check_inputs(p, str(path), root)
+    return p

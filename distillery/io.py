@@ -42,8 +42,13 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary directory next to `path`; on success replace `path` with it."""
+    """Yield a temporary directory next to `path`; on success replace `path` with it (a directory: callers
+    replace only what they wrote; a file or link at `path` is refused, never replaced)."""
     path = Path(path)
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        from distillery.errors import OutputExistsError
+
+        raise OutputExistsError(f"{path} exists and is not a directory; it is left as it is")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:

@@ -27,6 +27,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from distillery.errors import UserError
 from distillery.objectives.weights import OBJECTIVES, RECIPES, ObjectiveConfigError, ObjectiveWeights
 
 
@@ -317,7 +318,7 @@ class Dims:
         return cls(shape.layers, shape.hidden, shape.heads, shape.intermediate, vocab, shape.arch)
 
 
-class RecipeError(ValueError):
+class RecipeError(UserError, ValueError):
     """A recipe that cannot work with this teacher; the message starts with the params key."""
 
 
@@ -415,7 +416,7 @@ __all__ = [
 
 # ------------------------------------------------------------------------------------------------ students
 
-class CheckpointMismatchError(ValueError):
+class CheckpointMismatchError(UserError, ValueError):
     """A general checkpoint whose vocabulary or tokenizer does not match the teacher's."""
 
 

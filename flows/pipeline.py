@@ -13,6 +13,8 @@ flow run, a nested run per executed stage.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -24,6 +26,7 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from distillery.config import ConfigError, Params, load_params
+from distillery.errors import EXIT_USER_ERROR, UserError, debug_requested, report
 from flows.stages import STAGES, items
 from tasks import paths, tracking
 from tasks.execute import execute
@@ -57,7 +60,14 @@ def run_stage(name: str, p: Params, item: str | None, parent_run_id: str | None)
 
 @flow(name="distillery-pipeline")
 def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
-    p = load_params(params_file)
+    """Run every stage. A user error (bad params, input file, model; a teacher that failed the gate) stops the run:
+    its one-line message is printed last (``error: ...``) and returned in the result's "stopped"."""
+    try:
+        p = load_params(params_file, inputs=True, root=env.ROOT)
+    except UserError as exc:
+        if debug_requested([]):
+            raise
+        return _stopped([str(exc)], {})
     started = time.perf_counter()
     timings: dict[str, float] = {}
     with tracking.run("pipeline", params={"params_file": params_file}) as parent:
@@ -67,13 +77,17 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
         for name in STAGES:
             for item in items(name, p):
                 t0 = time.perf_counter()
-                run_stage(name, p, item, parent_id)
+                try:
+                    run_stage(name, p, item, parent_id)
+                except UserError as exc:
+                    mlflow.set_tag("stopped", f"{name}[{item or ''}]: {exc}"[:5000])
+                    if debug_requested([]):
+                        raise
+                    return _stopped([str(exc)], timings)
                 timings[f"{name}[{item}]" if item else name] = round(time.perf_counter() - t0, 2)
             if name == "finetune_teacher" and (failed := _failed_teachers(p)):
                 mlflow.set_tag("stopped", "teacher gate")
-                for message in failed:
-                    print(f"error: {message}", file=sys.stderr)
-                return {"stopped": failed, "stages": timings}
+                return _stopped(failed, timings)
 
         mlflow.log_metrics({f"seconds.{k.replace('[', '.').replace(']', '').replace(':', '.')}": v
                             for k, v in timings.items()})
@@ -84,6 +98,12 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
     total = round(time.perf_counter() - started, 1)
     print(f"pipeline finished in {total} s; summary: {paths.summary()}")
     return {"seconds": total, "stages": timings, "summary": str(paths.summary())}
+
+
+def _stopped(messages: list[str], timings: dict[str, float]) -> dict[str, Any]:
+    for message in messages:
+        report(UserError(message))  # `error: <message>` on stderr, after Prefect's one-line log of a failed task
+    return {"stopped": messages, "stages": timings}
 
 
 def _failed_teachers(p: Params) -> list[str]:
@@ -122,27 +142,54 @@ def add_params_options(parser: argparse.ArgumentParser) -> None:
 
 def params_path(params: str | None, preset: str | None) -> str:
     if preset:
-        path = PRESETS_DIR / f"{preset}.yaml"
-        if not path.is_file():
-            names = sorted(f.stem for f in PRESETS_DIR.glob("*.yaml"))
-            raise ConfigError(f"unknown preset {preset!r}; presets: {names}")
-        return str(path)
+        names = sorted(f.stem for f in PRESETS_DIR.glob("*.yaml"))
+        if preset not in names:  # a name, never a path
+            raise ConfigError(f"--preset: unknown preset {preset!r}; presets in {PRESETS_DIR}: {', '.join(names)}")
+        return str(PRESETS_DIR / f"{preset}.yaml")
     return params or "params.yaml"
+
+
+class _UserErrorsOnOneLine(logging.Filter):
+    """Prefect logs a failing task with its traceback; for a user error the one-line message is the point
+    (the command prints it again at the end), so the traceback is dropped unless --debug."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], UserError):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_user_error_tracebacks() -> None:
+    for name in ("prefect.task_runs", "prefect.flow_runs"):
+        logging.getLogger(name).addFilter(_UserErrorsOnOneLine())
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_params_options(parser)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of a user error")
     args = parser.parse_args(argv)
+    debug = args.debug or debug_requested([])
+    if debug:
+        os.environ["DISTILLERY_DEBUG"] = "1"  # the flow re-raises user errors too
     try:
         path = params_path(args.params, args.preset)
-        load_params(path)  # fail before any work (and before the Prefect server starts)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    result = pipeline(str(Path(path)))
-    return 2 if result.get("stopped") else 0
+        # fail before any work (and before the Prefect server starts): params, then every input they name
+        load_params(path, inputs=True, root=env.ROOT)
+    except UserError as exc:
+        if debug:
+            raise
+        return report(exc)
+    if not debug:
+        quiet_user_error_tracebacks()
+    try:
+        result = pipeline(str(Path(path)))  # prints its `error:` lines when a user error stops it
+    except UserError as exc:
+        if debug:
+            raise
+        return report(exc)
+    return EXIT_USER_ERROR if result.get("stopped") else 0
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ import sys
 
 from tasks import env  # noqa: F401
 
-from distillery.config import ConfigError, load_params
+from distillery.config import load_params
+from distillery.errors import UserError, debug_requested, run_main
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,18 +28,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("stage", choices=sorted(STAGES))
     parser.add_argument("--item", default=None, help="task, student, or student:task")
     parser.add_argument("--params", default=os.environ.get("DISTILLERY_PARAMS", "params.yaml"))
+    parser.add_argument("--debug", action="store_true", help="show the traceback of a user error")
     args = parser.parse_args(argv)
-    try:
-        p = load_params(args.params)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    valid = items(args.stage, p)
-    if args.item not in valid:
-        print(f"error: {args.stage}: item {args.item!r} is not one of {valid} under {args.params}", file=sys.stderr)
-        return 2
-    execute(STAGES[args.stage], p, args.item)
-    return 0
+
+    def run() -> int:
+        p = load_params(args.params, inputs=True, root=env.ROOT)
+        valid = items(args.stage, p)
+        if args.item not in valid:
+            raise UserError(f"{args.stage}: item {args.item!r} is not one of {valid} under {args.params}")
+        execute(STAGES[args.stage], p, args.item)
+        return 0
+
+    return run_main(run, debug=args.debug or debug_requested([]))
 
 
 if __name__ == "__main__":

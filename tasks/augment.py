@@ -10,14 +10,14 @@ from tasks.data import resolve, vectors_path
 from tasks.stage import Stage
 from tasks.teacher import load_task, teacher_gate
 
-from distillery.config import Params
+from distillery.config import ConfigError, Params
 
 
 def mlm_source(p: Params) -> Path | str:
     """The MLM for augmentation: the pre-training stage's MLM, or any MLM directory / Hub name."""
     if p.augment.mlm == "teacher":
         if not p.pretrain.enabled:
-            raise ValueError("params: augment.mlm: 'teacher' needs pretrain.enabled (the teacher has no MLM "
+            raise ConfigError("params: augment.mlm: 'teacher' needs pretrain.enabled (the teacher has no MLM "
                              "otherwise); give an MLM checkpoint path instead")
         return paths.teacher_mlm() / "model"
     path = resolve(p.augment.mlm)
@@ -26,14 +26,15 @@ def mlm_source(p: Params) -> Path | str:
 
 def run_augment(p: Params, task: str) -> dict[str, Any]:
     import torch
-    from transformers import AutoModelForMaskedLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from distillery.augment import AugmentConfig, augment_dataset, load_word_vectors
+    from distillery.augment.mlm import load_mlm_checked
 
     teacher_gate(p, task)  # augmentation only serves distillation from this task's teacher
     source = str(mlm_source(p))
     tokenizer = AutoTokenizer.from_pretrained(source)
-    mlm = AutoModelForMaskedLM.from_pretrained(source).eval()
+    mlm = load_mlm_checked(source).eval()  # a checkpoint without an MLM head is an error, not a random head
     if torch.cuda.is_available():
         mlm = mlm.cuda()
     vectors = load_word_vectors(vectors_path(p), max_words=p.word_vectors.max_words,

@@ -10,6 +10,7 @@ from tasks import paths
 from tasks.stage import Stage
 
 from distillery.config import Params
+from distillery.errors import InputNotFoundError
 from distillery.io import atomic_dir, write_json
 
 
@@ -80,7 +81,7 @@ def _corpus_files(p: Params) -> list[Path]:
         elif path.is_file():
             files.append(path)
         else:
-            raise FileNotFoundError(f"params: corpus.paths: {entry} not found")
+            raise InputNotFoundError(f"params: corpus.paths: {entry} not found ({path})")
     return files
 
 

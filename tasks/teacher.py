@@ -12,6 +12,7 @@ from tasks.data import resolve
 from tasks.stage import Stage
 
 from distillery.config import Params, TrainSection
+from distillery.errors import UserError
 
 
 def train_options(s: TrainSection, seed: int, **extra: Any) -> dict[str, Any]:
@@ -120,7 +121,7 @@ def run_finetune_teacher(p: Params, task: str) -> dict[str, Any]:
     return {"curve": final / "train_log.csv", "metrics_file": final / "metrics.json"}
 
 
-class TeacherGateError(RuntimeError):
+class TeacherGateError(UserError, RuntimeError):
     """The fine-tuned teacher did not beat its task's trivial baseline: nothing is worth distilling from it."""
 
 

@@ -108,4 +108,4 @@ def test_cli_augments_a_glue_file(mlm_dir, tmp_path):
     assert main(argv[:-2] + ["--fast", "--output", str(tmp_path / "fast.tsv")] + argv[-2:]) == 0
     with pytest.raises(FileNotFoundError, match="MLM directory"):
         main(["augment", "--task", "sst2", "--input", str(src), "--mlm", str(tmp_path / "no"), "--glove", str(glove),
-              "--output", str(out)])
+              "--output", str(out), "--debug"])  # without --debug: one `error:` line, exit code 2

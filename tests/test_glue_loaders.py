@@ -262,9 +262,11 @@ def test_cli_stats_json_and_table(glue_dir, capsys):
     assert "mnli-mm" in table and "contradiction: 1" in table
 
 
-def test_cli_stats_missing_dir(tmp_path):
+def test_cli_stats_missing_dir(tmp_path, capsys):
+    assert cli_main(["glue", "stats", "--data-dir", str(tmp_path / "nope")]) == 2  # one error line, no traceback
+    assert capsys.readouterr().err == f"error: GLUE data directory {tmp_path / 'nope'} not found\n"
     with pytest.raises(FileNotFoundError, match="nope"):
-        cli_main(["glue", "stats", "--data-dir", str(tmp_path / "nope")])
+        cli_main(["--debug", "glue", "stats", "--data-dir", str(tmp_path / "nope")])
 
 
 @pytest.mark.skipif(not SHARED_GLUE.is_dir(), reason="shared GLUE data not present")

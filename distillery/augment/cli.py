@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from distillery.errors import InputNotFoundError, OutputExistsError, UserError
+
 
 def _run(args: argparse.Namespace) -> int:
     from distillery.augment.algorithm import AugmentConfig
@@ -19,8 +21,11 @@ def _run(args: argparse.Namespace) -> int:
         source = Path(args.input)
     else:
         if "train" not in spec.files:
-            raise ValueError(f"augment: task {spec.name} has no train split")
+            raise UserError(f"augment: task {spec.name} has no train split; give --input FILE")
         source = task_dir(spec, args.data_dir) / spec.files["train"]
+    if not source.is_file():
+        raise InputNotFoundError(f"augment: input file {source} not found")
+    check_output_file(Path(args.output), source)
     model, tokenizer = load_masked_lm(args.mlm, device=args.device, bf16=args.bf16)
     vectors = load_word_vectors(args.glove, max_words=args.max_words, cache_dir=args.cache_dir)
     config = AugmentConfig(
@@ -32,6 +37,23 @@ def _run(args: argparse.Namespace) -> int:
                        max_examples=args.max_examples, progress=not args.quiet)
     print(f"augmented {source} -> {out}")
     return 0
+
+
+def check_output_file(out: Path, source: Path) -> None:
+    """The augmented file may replace only an earlier augmented file (its header is the mark): never the
+    input, a directory, or a file of the user's."""
+    from distillery.glue.loaders import AUGMENTED_HEADER
+
+    if out.resolve() == source.resolve():
+        raise OutputExistsError(f"augment: --output {out} is the input file; write the augmented set elsewhere")
+    if out.is_dir():
+        raise OutputExistsError(f"augment: --output {out} is a directory; give a file path")
+    if out.exists():
+        with open(out, "rb") as f:
+            head = f.readline()
+        if head.split(b"\t", 1)[0].strip() != AUGMENTED_HEADER.encode():
+            raise OutputExistsError(f"augment: --output {out} exists and is not an augmented file written by "
+                                    "`distillery augment`; it is left as it is: choose another path or remove it")
 
 
 def register(subparsers) -> None:

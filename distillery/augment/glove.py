@@ -23,12 +23,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from distillery.errors import InputNotFoundError, UserError
 from distillery.io import atomic_path, write_text
 
 __all__ = ["WordVectorsFormatError", "WordVectors", "load_word_vectors"]
 
 
-class WordVectorsFormatError(ValueError):
+class WordVectorsFormatError(UserError, ValueError):
     """A word-vector text file has a malformed line or inconsistent dimensions."""
 
 
@@ -99,6 +100,17 @@ def _normalise(matrix: np.ndarray) -> np.ndarray:
 
 
 def _parse_text(path: Path, max_words: int) -> tuple[list[str], np.ndarray]:
+    try:
+        words, rows = _parse_lines(path, max_words)
+    except UnicodeDecodeError as exc:
+        raise WordVectorsFormatError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} cannot be "
+                                     "decoded); re-save it as UTF-8") from None
+    if not words:
+        raise WordVectorsFormatError(f"{path}: no word vectors found")
+    return words, _normalise(np.stack(rows))
+
+
+def _parse_lines(path: Path, max_words: int) -> tuple[list[str], list[np.ndarray]]:
     words: list[str] = []
     rows: list[np.ndarray] = []
     dim: int | None = None
@@ -129,9 +141,7 @@ def _parse_text(path: Path, max_words: int) -> tuple[list[str], np.ndarray]:
             rows.append(vec)
             if len(words) >= max_words:
                 break
-    if not words:
-        raise WordVectorsFormatError(f"{path}: no word vectors found")
-    return words, _normalise(np.stack(rows))
+    return words, rows
 
 
 def _cache_paths(path: Path, max_words: int, cache_dir: str | os.PathLike | None) -> tuple[Path, Path]:
@@ -154,7 +164,7 @@ def load_word_vectors(
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"word vector file not found: {path}")
+        raise InputNotFoundError(f"word vector file not found: {path}")
     if max_words <= 0:
         raise ValueError(f"max_words must be positive, got {max_words}")
     if use_cache:

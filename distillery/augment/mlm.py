@@ -25,21 +25,55 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-__all__ = ["MaskedCopy", "MaskedLM", "build_masked_input", "load_masked_lm"]
+from distillery.errors import InputNotFoundError, UserError
+
+__all__ = ["MaskedCopy", "MaskedLM", "MissingMLMHeadError", "build_masked_input", "load_masked_lm", "load_mlm_checked"]
+
+
+class MissingMLMHeadError(UserError):
+    """A checkpoint loaded as a masked LM whose MLM head (or any other weight) is not in the checkpoint: the
+    missing weights would be random and every candidate word garbage."""
+
+
+def load_mlm_checked(name_or_path: str | os.PathLike, **kwargs):
+    """``AutoModelForMaskedLM.from_pretrained`` that refuses a checkpoint saved without an MLM head (a
+    ``BertModel`` encoder, a classifier): transformers would fill the head with random weights."""
+    from transformers import AutoModelForMaskedLM
+    from transformers.utils import logging as hf_logging
+
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()  # its load report and progress bar would come before our one line
+    hf_logging.disable_progress_bar()
+    try:
+        model, info = AutoModelForMaskedLM.from_pretrained(str(name_or_path), output_loading_info=True, **kwargs)
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        raise MissingMLMHeadError(
+            f"{name_or_path}: no trained MLM head: {len(missing)} weights of {type(model).__name__} are not in the "
+            f"checkpoint (e.g. {', '.join(missing[:2])}), so they would be random; give a masked-LM checkpoint "
+            "(saved as ...ForMaskedLM), e.g. the pipeline's models/teacher-mlm/model")
+    return model
 
 
 def load_masked_lm(path: str | os.PathLike, *, device: str | None = None, bf16: bool = False):
     """(model, tokenizer) of a masked LM saved with ``save_pretrained`` (safetensors; no remote code).
 
-    `device` defaults to CUDA when available; `bf16` casts the model to bfloat16 (meant for GPUs).
+    `device` defaults to CUDA when available; `bf16` casts the model to bfloat16 (meant for GPUs). A checkpoint
+    without an MLM head raises MissingMLMHeadError.
     """
-    from transformers import AutoModelForMaskedLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     path = Path(path)
     if not path.is_dir():
-        raise FileNotFoundError(f"augment: MLM directory not found: {path}")
+        raise InputNotFoundError(f"augment: MLM directory not found: {path}")
+    if not (path / "config.json").is_file():
+        raise InputNotFoundError(f"augment: {path} is not a model directory (no config.json)")
+    model = load_mlm_checked(path).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForMaskedLM.from_pretrained(path).eval()
     model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if bf16:
         model.to(torch.bfloat16)

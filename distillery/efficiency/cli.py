@@ -1,14 +1,57 @@
-"""`distillery speed` (latency table for saved models) and `distillery export` (ONNX + int8)."""
+"""`distillery speed` (latency table for saved models) and `distillery export` (ONNX + int8).
+
+`export` never replaces what it did not write: OUT_DIR must be new, empty, or an earlier export (its
+`export.json` lists the files the export wrote, and nothing else may be there); OUT_DIR cannot be MODEL_DIR,
+inside it, or contain it; an existing file is refused. The directory appears atomically when complete.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 from pathlib import Path
 
+from distillery.errors import InputNotFoundError, OutputExistsError
 from distillery.io import atomic_dir, write_json
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json", "config.json")
+MANIFEST = "export.json"  # written by every export: `written_by` and the `files` it wrote mark the directory as ours
+WRITTEN_BY = "distillery export"
+
+
+def check_export_target(model_dir: Path, out_dir: Path) -> None:
+    """Refuse an OUT_DIR the export would have to delete something of the user's to write: MODEL_DIR itself, a
+    directory inside it or containing it, an existing file or link, a non-empty directory that is not an
+    earlier export, or an earlier export holding files the export did not write."""
+    model, out = model_dir.resolve(), out_dir.resolve()
+    if out == model or model in out.parents:
+        raise OutputExistsError(f"export: OUT_DIR {out_dir} is MODEL_DIR {model_dir} or inside it; give another "
+                                "output directory (nothing was written)")
+    if out in model.parents:
+        raise OutputExistsError(f"export: OUT_DIR {out_dir} contains MODEL_DIR {model_dir}; give another output "
+                                "directory (nothing was written)")
+    if out_dir.is_symlink() or (out_dir.exists() and not out_dir.is_dir()):
+        raise OutputExistsError(f"export: OUT_DIR {out_dir} exists and is not a directory; it is left as it is: "
+                                "give a new directory path")
+    if not out_dir.is_dir():
+        return
+    entries = {p.name for p in out_dir.iterdir()}
+    if not entries:
+        return
+    try:
+        manifest = json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
+        owned = set(manifest["files"]) | {MANIFEST} if manifest.get("written_by") == WRITTEN_BY else set()
+    except (OSError, ValueError, KeyError, TypeError):
+        owned = set()
+    if not owned:
+        raise OutputExistsError(f"export: OUT_DIR {out_dir} is not empty and is not an earlier `distillery export` "
+                                f"output (no {MANIFEST} of one); it is left as it is: give a new or empty directory")
+    foreign = sorted(entries - owned)
+    if foreign:
+        raise OutputExistsError(f"export: OUT_DIR {out_dir} holds files an export did not write ({', '.join(foreign[:3])}"
+                                f"{', ...' if len(foreign) > 3 else ''}); they are left as they are: move them or "
+                                "give another directory")
 
 
 def export_dir(model_dir: str | Path, out_dir: str | Path, *, opset: int = 17, int8: bool = True,
@@ -18,11 +61,21 @@ def export_dir(model_dir: str | Path, out_dir: str | Path, *, opset: int = 17, i
     With `optimize`, the fp32 graph is first passed through ONNX Runtime's transformer optimiser
     (model.opt.onnx) and the int8 model is quantised from it.
     """
-    from distillery.efficiency.export import export_onnx, load_model_for_export, optimize_onnx, quantize_onnx
+    from distillery.efficiency.export import (
+        check_tokenizer_fits,
+        export_onnx,
+        load_model_for_export,
+        optimize_onnx,
+        quantize_onnx,
+    )
     from distillery.efficiency.flops import FlopsConfigError, flops_per_example
     from distillery.efficiency.size import disk_size_bytes, parameter_counts
 
     model_dir, out_dir = Path(model_dir), Path(out_dir)
+    if not model_dir.is_dir():
+        raise InputNotFoundError(f"export: MODEL_DIR {model_dir} not found")
+    check_export_target(model_dir, out_dir)
+    check_tokenizer_fits(model_dir)
     model = load_model_for_export(model_dir)
     info: dict = {"source": str(model_dir), "parameters": parameter_counts(model)}
     try:
@@ -46,19 +99,30 @@ def export_dir(model_dir: str | Path, out_dir: str | Path, *, opset: int = 17, i
             if (model_dir / name).is_file():
                 shutil.copy2(model_dir / name, tmp / name)
         info["bytes_on_disk"] = {p.name: disk_size_bytes(p) for p in sorted(tmp.glob("*.onnx"))}
-        write_json(tmp / "export.json", info)
+        info["written_by"] = WRITTEN_BY
+        info["files"] = sorted(p.name for p in tmp.iterdir()) + [MANIFEST]
+        write_json(tmp / MANIFEST, info)
+        check_export_target(model_dir, out_dir)  # nothing of the user's appeared there meanwhile
     return info
 
 
 def _speed(args: argparse.Namespace) -> int:
     import torch
 
-    from distillery.efficiency.export import OnnxModel, load_model_for_export
+    from distillery.efficiency.export import OnnxModel, check_tokenizer_fits, load_model_for_export
     from distillery.efficiency.latency import latency_table, measure_latency
 
+    if args.json:
+        check_results_file(Path(args.json))
     if args.threads:
         torch.set_num_threads(args.threads)
     models = {}
+    for spec in args.models:
+        path = Path(spec)
+        if not path.exists():
+            raise InputNotFoundError(f"speed: {spec} not found (a save_pretrained directory or an .onnx file)")
+        if path.suffix != ".onnx":
+            check_tokenizer_fits(path)
     for spec in args.models:
         path = Path(spec)
         if path.suffix == ".onnx":
@@ -71,6 +135,22 @@ def _speed(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, {name: r.as_dict() for name, r in results.items()})
     return 0
+
+
+def check_results_file(path: Path) -> None:
+    """`speed --json` replaces only an earlier results file of its own (a JSON object of per-model rows)."""
+    if path.is_dir():
+        raise OutputExistsError(f"speed: --json {path} is a directory; give a file path")
+    if not path.exists():
+        return
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        ours = isinstance(data, dict) and data and all(isinstance(r, dict) and "median_ms" in r for r in data.values())
+    except (OSError, ValueError):
+        ours = False
+    if not ours:
+        raise OutputExistsError(f"speed: --json {path} exists and is not a results file of `distillery speed`; it "
+                                "is left as it is: give another path")
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -29,13 +29,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from distillery.errors import InputNotFoundError, UserError
 from distillery.io import atomic_path
 
 INPUT_ORDER = ("input_ids", "attention_mask", "token_type_ids")
 log = logging.getLogger(__name__)
 
 
-class ExportError(ValueError):
+class ExportError(UserError, ValueError):
     """The model cannot be exported, or the exported graph disagrees with PyTorch."""
 
 
@@ -64,7 +65,7 @@ def load_model_for_export(model_dir: str | os.PathLike) -> nn.Module:
     model_dir = Path(model_dir)
     cfg_path = model_dir / "config.json"
     if not cfg_path.is_file():
-        raise FileNotFoundError(f"not a saved model directory (no config.json): {model_dir}")
+        raise InputNotFoundError(f"{model_dir}: not a saved model directory (no config.json)")
     try:
         archs = json.loads(cfg_path.read_text(encoding="utf-8")).get("architectures") or []
     except json.JSONDecodeError as exc:
@@ -73,6 +74,36 @@ def load_model_for_export(model_dir: str | os.PathLike) -> nn.Module:
     if cls is None or not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
         cls = transformers.AutoModel
     return cls.from_pretrained(str(model_dir)).eval()
+
+
+def check_tokenizer_fits(model_dir: str | os.PathLike) -> int | None:
+    """The size of the tokenizer saved beside a model (None when there is none), refusing one with more tokens
+    than the model's vocabulary (config.json ``vocab_size``): its ids past it would index beyond the embeddings.
+    Reads only the config and the tokenizer, so it runs before the model is loaded."""
+    model_dir = Path(model_dir)
+    if not any((model_dir / n).is_file() for n in ("tokenizer.json", "vocab.txt", "tokenizer_config.json")):
+        return None
+    try:
+        vocab = json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("vocab_size")
+    except (OSError, ValueError):
+        return None
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        n_tokens = len(AutoTokenizer.from_pretrained(str(model_dir)))
+    except (OSError, ValueError, TypeError):
+        return None  # no usable tokenizer: nothing to compare
+    finally:
+        hf_logging.set_verbosity(level)
+    if isinstance(vocab, int) and n_tokens > vocab:
+        raise ExportError(
+            f"{model_dir}: the tokenizer has {n_tokens} tokens, the model's vocabulary (config.json vocab_size) "
+            f"{vocab}: ids >= {vocab} would index past the embeddings; save the model with the tokenizer it was "
+            "trained with (or call resize_token_embeddings(len(tokenizer)) and train it)")
+    return n_tokens
 
 
 def model_input_names(model: nn.Module) -> tuple[str, ...]:

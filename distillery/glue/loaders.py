@@ -11,9 +11,10 @@ for unlabeled rows (test splits). `idx` is the file's index/id column when it ha
 
 Local files are read line by line, split on tabs with no quote handling (csv.QUOTE_NONE semantics:
 GLUE sentences contain unbalanced `"`), a UTF-8 BOM is dropped (MRPC), a final line without newline
-is accepted (CoLA dev), and columns are found by header name (CoLA train/dev have no header; their
-columns are `TaskSpec.noheader_columns`). Any row with the wrong number of fields or a bad label raises
-`GlueFileError` naming the file and line.
+is accepted (CoLA dev), CR-only line endings are read as lines, and columns are found by header name (CoLA
+train/dev have no header; their columns are `TaskSpec.noheader_columns`). Any row with the wrong number of
+fields or a bad label, a file that is not UTF-8 and a split with no rows raise `GlueFileError` naming the
+file (and line).
 
 Augmented training files (TinyBERT data augmentation, `distillery.augment`) have the header
 `text_a[\ttext_b]\tlabel\tsource_idx` and are written with csv quoting; `load_split_file` recognises
@@ -23,6 +24,7 @@ them by that header and reads them with the csv module.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 from pathlib import Path
@@ -31,13 +33,14 @@ from typing import Iterable, Sequence
 import datasets
 import pyarrow as pa
 
+from distillery.errors import InputNotFoundError, UserError
 from distillery.glue.tasks import TaskSpec, get_task
 
 UNLABELED = -1
 AUGMENTED_HEADER = "text_a"
 
 
-class GlueFileError(ValueError):
+class GlueFileError(UserError, ValueError):
     """A malformed GLUE file: the message names the file and the 1-based line number."""
 
 
@@ -52,10 +55,29 @@ def _features(spec: TaskSpec, extra: Sequence[str] = ()) -> datasets.Features:
     return datasets.Features(cols)
 
 
-def _read_lines(path: Path) -> list[str]:
-    """Lines split on "\\n" only (a lone "\\r" or U+2028 inside a sentence is text), BOM and CR dropped."""
-    with open(path, encoding="utf-8-sig", newline="\n") as f:
-        text = f.read()
+def _read_text(path: Path) -> str:
+    """A GLUE file as text: UTF-8, a BOM dropped (MRPC). UTF-16, NUL bytes or bytes that are not UTF-8 raise
+    GlueFileError naming the file (and the line of the first bad byte)."""
+    data = path.read_bytes()
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise GlueFileError(f"{path}: UTF-16 text (it starts with a UTF-16 byte-order mark); re-save it as UTF-8")
+    if b"\x00" in data:
+        line = data.count(b"\n", 0, data.index(b"\x00")) + 1
+        raise GlueFileError(f"{path}:{line}: NUL bytes: not a UTF-8 text file (UTF-16 or binary?); re-save it as UTF-8")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = exc.object.count(b"\n", 0, exc.start) + 1
+        raise GlueFileError(f"{path}:{line}: byte 0x{exc.object[exc.start]:02x} is not UTF-8; re-save the file as UTF-8 "
+                            "(e.g. iconv -f latin1 -t utf-8)") from None
+
+
+def _read_lines(path: Path, text: str | None = None) -> list[str]:
+    """Lines split on "\\n" only (a lone "\\r" or U+2028 inside a sentence is text), BOM and CR dropped.
+    A file with "\\r" but no "\\n" at all has classic Mac (CR-only) line endings and is split on "\\r"."""
+    text = _read_text(path) if text is None else text
+    if "\n" not in text and "\r" in text:
+        text = text.replace("\r", "\n")
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()  # trailing newline; CoLA dev has none
@@ -95,12 +117,12 @@ def _rows_to_dataset(spec: TaskSpec, rows: dict[str, list], extra: Sequence[str]
     return datasets.Dataset(table)
 
 
-def _read_augmented(spec: TaskSpec, path: Path) -> datasets.Dataset:
+def _read_augmented(spec: TaskSpec, path: Path, text: str) -> datasets.Dataset:
     """An augmented train file: header text_a[,text_b],label,source_idx; csv quoting (quote-safe)."""
     expected = ["text_a"] + (["text_b"] if spec.is_pair else []) + ["label", "source_idx"]
     rows: dict[str, list] = {c: [] for c in ["text_a", "text_b", "label", "idx", "source_idx"]
                              if c != "text_b" or spec.is_pair}
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    with io.StringIO(text, newline="") as f:
         reader = csv.reader(f, delimiter="\t")
         header = next(reader, None)
         if header != expected:
@@ -119,6 +141,8 @@ def _read_augmented(spec: TaskSpec, path: Path) -> datasets.Dataset:
             except ValueError:
                 raise GlueFileError(f"{where}: source_idx {rec['source_idx']!r} is not an integer") from None
             rows["idx"].append(n)
+    if not rows["idx"]:
+        raise GlueFileError(f"{path}: empty split: the augmented file has a header and no rows; re-run augmentation")
     return _rows_to_dataset(spec, rows, extra=("source_idx",))
 
 
@@ -127,12 +151,12 @@ def load_split_file(task: str | TaskSpec, path: str | os.PathLike) -> datasets.D
     spec = get_task(task)
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{spec.name}: no such file {path}")
-    with open(path, encoding="utf-8-sig", newline="\n") as f:
-        head = f.readline()
+        raise InputNotFoundError(f"{spec.name}: no such file {path}")
+    text = _read_text(path)
+    head = text.split("\n", 1)[0]
     if head.split("\t", 1)[0].strip() == AUGMENTED_HEADER:
-        return _read_augmented(spec, path)
-    lines = _read_lines(path)
+        return _read_augmented(spec, path, text)
+    lines = _read_lines(path, text)
     if not lines:
         raise GlueFileError(f"{path}: empty file")
     first = lines[0].split("\t")
@@ -166,6 +190,9 @@ def load_split_file(task: str | TaskSpec, path: str | os.PathLike) -> datasets.D
                 rows["idx"].append(int(fields[pos[index_col]]))
             except ValueError:
                 raise GlueFileError(f"{where}: {index_col} {fields[pos[index_col]]!r} is not an integer") from None
+    if not rows["idx"]:
+        raise GlueFileError(f"{path}: empty split: the file has a header and no examples; every split needs at "
+                            "least one row")
     return _rows_to_dataset(spec, rows)
 
 
@@ -191,11 +218,11 @@ def load_local(task: str | TaskSpec, data_dir: str | os.PathLike,
     spec = get_task(task)
     d = task_dir(spec, data_dir)
     if not d.is_dir():
-        raise FileNotFoundError(f"{spec.name}: task directory {d} not found (data dir {data_dir})")
+        raise InputNotFoundError(f"{spec.name}: task directory {d} not found (data dir {data_dir})")
     if splits is None:
         wanted = available_splits(spec, data_dir)
         if not wanted:
-            raise FileNotFoundError(f"{spec.name}: none of {sorted(spec.files.values())} found in {d}")
+            raise InputNotFoundError(f"{spec.name}: none of {sorted(spec.files.values())} found in {d}")
     else:
         wanted = list(splits)
         for s in wanted:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import datasets
 
+from distillery.errors import InputNotFoundError
 from distillery.glue.loaders import UNLABELED, available_splits, load_local, task_dir
 from distillery.glue.tasks import TASKS, TaskSpec, get_task
 
@@ -35,7 +36,7 @@ def glue_stats(data_dir: str | os.PathLike) -> dict[str, dict[str, dict]]:
     """{task: {split: {"rows": n, "labels": {...}}}} for every registry task with files under data_dir."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
-        raise FileNotFoundError(f"GLUE data directory {data_dir} not found")
+        raise InputNotFoundError(f"GLUE data directory {data_dir} not found")
     out: dict[str, dict[str, dict]] = {}
     for name, spec in TASKS.items():
         if not task_dir(spec, data_dir).is_dir() or not available_splits(spec, data_dir):

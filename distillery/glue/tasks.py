@@ -24,12 +24,14 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Mapping
 
+from distillery.errors import UserError
+
 NLI3 = ("contradiction", "entailment", "neutral")
 NLI2 = ("entailment", "not_entailment")
 BINARY = ("0", "1")
 
 
-class UnknownTaskError(ValueError):
+class UnknownTaskError(UserError, ValueError):
     """A task name that is not in the registry."""
 
 

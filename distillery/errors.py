@@ -1,0 +1,61 @@
+"""User-facing errors and the one error boundary every command shares.
+
+`UserError` is a problem the user can fix (a params key, an input file, a path, a model directory): its
+message names the file (and line or key) and what to change. The command lines (`distillery ...`,
+`python -m flows.pipeline`, `python -m flows.stage`, ...) print it as one line, ``error: <message>``, and exit
+with code 2; `--debug` (or DISTILLERY_DEBUG=1) re-raises it with its traceback instead. Anything else is a
+bug and keeps its traceback.
+
+The project's error types derive from it: ConfigError, GlueFileError, UnknownTaskError, RecipeError,
+CheckpointMismatchError, TeacherGateError, ExportError, ...
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable
+
+EXIT_USER_ERROR = 2
+
+
+class UserError(Exception):
+    """A problem with the user's input (params, files, paths, models): one line naming it and the fix."""
+
+
+class InputNotFoundError(UserError, FileNotFoundError):
+    """A file or directory the user named (or a params key points to) does not exist."""
+
+
+class OutputExistsError(UserError, FileExistsError):
+    """An output path holds something this command did not write; nothing is replaced."""
+
+
+def debug_requested(argv: list[str] | None = None) -> bool:
+    """`--debug` on the command line or DISTILLERY_DEBUG set to a true value."""
+    args = sys.argv[1:] if argv is None else argv
+    return "--debug" in args or os.environ.get("DISTILLERY_DEBUG", "").lower() in ("1", "true", "yes")
+
+
+def error_lines(exc: BaseException) -> list[str]:
+    """``error: ...`` lines for a user error: one per line of its message (a params file with several
+    problems lists each)."""
+    lines = [line for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+    return [f"error: {line}" for line in lines]
+
+
+def report(exc: BaseException) -> int:
+    """Print a user error to stderr; return the exit code."""
+    for line in error_lines(exc):
+        print(line, file=sys.stderr)
+    return EXIT_USER_ERROR
+
+
+def run_main(main: Callable[[], int], *, debug: bool = False) -> int:
+    """Call `main()`; a UserError becomes its ``error:`` line(s) and exit code 2 (re-raised with `debug`)."""
+    try:
+        return main()
+    except UserError as exc:
+        if debug:
+            raise
+        return report(exc)
