@@ -1,52 +1,313 @@
-"""Registration stage: log a task's distilled student with MLflow's transformers flavour and register it
-as `<student>-<task>` with the alias `champion` (loadable with
-`mlflow.pyfunc.load_model("models:/<student>-<task>@champion")`, which predicts labels for raw text)."""
+"""Registration stage: a task's distilled student becomes a new version of the registered model
+`<student>-<task>`, gated by its dev score.
+
+- It runs after `evaluate` and reads `metrics/eval/<task>.json` (a dependency): the version is tagged with its dev
+  metrics, retention, int8 change, speed, the params hash, the git commit and the content hashes of its inputs
+  (and their DVC md5s when `dvc.lock` has them); the model directory logged with it carries a model card
+  (`README.md` with Hugging Face metadata: teacher, recipe, data, metrics, speed).
+- It is logged as a pyfunc model (`tasks/pyfunc_classifier.py`, models from code) with a signature and an input
+  example: labels with the task's names, the raw score for STS-B, both sentences for pair tasks.
+- Every new version gets the alias `candidate`; `champion` moves to it only when its main dev score beats the
+  current champion's by more than `registry.promote_margin`. Otherwise the run says why it did not promote
+  (printed, tagged on the version and the MLflow run, and written to `metrics/registry/<student>-<task>.json`).
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from tasks import paths
-from tasks.stage import Stage, split_item
+from tasks.stage import Stage, fingerprint, split_item
 
 from distillery.config import Params
 from distillery.io import write_json
 
-ALIAS = "champion"
+CANDIDATE, CHAMPION = "candidate", "champion"
+PYFUNC_CODE = Path(__file__).with_name("pyfunc_classifier.py")
 
 
 def pip_requirements() -> list[str]:
+    import pandas
     import torch
     import transformers
 
-    return [f"torch=={torch.__version__.split('+')[0]}", f"transformers=={transformers.__version__}"]
+    return [f"torch=={torch.__version__.split('+')[0]}", f"transformers=={transformers.__version__}",
+            f"pandas=={pandas.__version__}"]
+
+
+# ------------------------------------------------------------------------------------------------ provenance
+
+def params_hash(p: Params) -> str:
+    return hashlib.sha256(json.dumps(p.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(paths.ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _rel(path: Path) -> str:
+    try:
+        return path.resolve().relative_to(paths.ROOT.resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def dvc_md5s(inputs: dict[str, Path]) -> dict[str, str]:
+    """name -> the md5 `dvc.lock` records for that input (outputs of `dvc repro`), when there is one."""
+    lock = paths.ROOT / "dvc.lock"
+    if not lock.is_file():
+        return {}
+    import yaml
+
+    try:
+        stages = (yaml.safe_load(lock.read_text(encoding="utf-8")) or {}).get("stages") or {}
+    except yaml.YAMLError:
+        return {}
+    recorded = {o["path"]: o.get("md5") for s in stages.values() for o in (s.get("outs") or []) if "path" in o}
+    return {name: recorded[_rel(path)] for name, path in inputs.items() if recorded.get(_rel(path))}
+
+
+def registry_inputs(student: str, task: str) -> dict[str, Path]:
+    return {"model": paths.student(student, task) / "model", "eval": paths.evaluation(task),
+            "teacher": paths.teacher(task) / "model", "task_data": paths.task_data(task)}
+
+
+# ------------------------------------------------------------------------------------------------ metrics
+
+def version_metrics(p: Params, student: str, task: str) -> dict[str, Any]:
+    """The student's row of metrics/eval/<task>.json with retention (main over the teacher's) added."""
+    from distillery import glue
+
+    evaluation = paths.evaluation(task)
+    if not evaluation.is_file():
+        from distillery.errors import InputNotFoundError
+
+        raise InputNotFoundError(f"register: {evaluation} not found; the evaluate stage writes it (run it first)")
+    results = json.loads(evaluation.read_text(encoding="utf-8"))
+    if student not in results:
+        from distillery.errors import UserError
+
+        raise UserError(f"register: {evaluation} has no row for {student}; re-run the evaluate stage for {task}")
+    row, teacher = results[student], results.get("teacher", {})
+    spec = glue.get_task(task)
+    out: dict[str, Any] = {f"dev.{m}": row[m] for m in spec.metrics if isinstance(row.get(m), (int, float))}
+    out["dev.main"] = row["main"]
+    if teacher.get("main"):
+        out["teacher.dev.main"] = teacher["main"]
+        out["retention"] = row["main"] / teacher["main"]
+    for key, name in (("int8_main_change", "int8.main_change"), ("params", "params"), ("flops", "flops"),
+                      ("latency_ms_b1", "latency_ms_b1"), ("speedup_b1", "speedup_b1"),
+                      ("latency_ms_b1_int8", "latency_ms_b1_int8"), ("bytes_int8_onnx", "bytes_int8_onnx")):
+        if isinstance(row.get(key), (int, float)):
+            out[name] = row[key]
+    return out
+
+
+def promotion(main: float, champion_main: float | None, champion_version: str | None, margin: float) -> tuple[bool, str]:
+    """(promote?, why): `champion` moves only to a candidate whose main dev score beats the champion's by more
+    than `margin` (a tie keeps the champion)."""
+    if champion_version is None:
+        return True, "no champion yet: the first version becomes champion"
+    if champion_main is None:
+        return True, f"the champion (version {champion_version}) has no dev.main tag to compare with: promoted"
+    if main > champion_main + margin:
+        return True, (f"dev main {main:.4f} beats the champion (version {champion_version}) {champion_main:.4f} by "
+                      f"more than registry.promote_margin {margin}")
+    return False, (f"not promoted: dev main {main:.4f} does not beat the champion (version {champion_version}) "
+                   f"{champion_main:.4f} by more than registry.promote_margin {margin}; it stays the candidate")
+
+
+# ------------------------------------------------------------------------------------------------ model card
+
+def model_card(p: Params, student: str, task: str, metrics: dict[str, Any]) -> str:
+    """A Hugging Face model card (README.md: YAML metadata + text) for the registered student."""
+    import yaml
+
+    from distillery import glue
+
+    spec = glue.get_task(task)
+    recipe = p.students[student]
+    teacher = (p.teacher.name_or_path if p.teacher.init == "pretrained"
+               else f"a {p.teacher.shape.as_spec()} teacher trained from scratch in this pipeline")
+    dev = {k.removeprefix("dev."): v for k, v in metrics.items() if k.startswith("dev.") and k != "dev.main"}
+    meta: dict[str, Any] = {
+        "library_name": "transformers",
+        "pipeline_tag": "text-classification",
+        "tags": ["distillation", recipe.recipe, "glue" if task in glue.GLUE_TASKS else task],
+        "model-index": [{"name": f"{student}-{task}", "results": [{
+            "task": {"type": "text-regression" if spec.is_regression else "text-classification"},
+            "dataset": {"name": f"GLUE {spec.glue_name}" if spec.submission_file else spec.glue_name,
+                        "type": "nyu-mll/glue" if spec.hub_config else "generated",
+                        **({"config": spec.hub_config} if spec.hub_config else {}), "split": "dev"},
+            "metrics": [{"type": k, "value": round(float(v), 6)} for k, v in dev.items()],
+        }]}],
+    }
+    if p.teacher.init == "pretrained":
+        meta["base_model"] = p.teacher.name_or_path
+    if spec.hub_config:
+        meta["datasets"] = ["nyu-mll/glue"]
+    rows = [("dev " + k, f"{v:.4f}") for k, v in dev.items()]
+    rows += [(k, f"{metrics[k]:.4f}" if isinstance(metrics[k], float) else str(metrics[k]))
+             for k in ("retention", "teacher.dev.main", "int8.main_change", "params", "flops", "latency_ms_b1",
+                       "speedup_b1", "latency_ms_b1_int8") if k in metrics]
+    table = "\n".join(f"| {k} | {v} |" for k, v in rows)
+    data = (f"`{p.data.source}` task data"
+            + (f", at most {p.data.max_train_examples} training examples" if p.data.max_train_examples else "")
+            + (f", dev scores on at most {p.data.max_eval_examples} examples" if p.data.max_eval_examples else ""))
+    use = ('model.predict(pd.DataFrame({"text": ["first sentence"], "text_pair": ["second sentence"]}))'
+           if spec.is_pair else 'model.predict(["a sentence"])')
+    return (f"---\n{yaml.safe_dump(meta, sort_keys=False)}---\n\n"
+            f"# {student}-{task}\n\n"
+            f"A `{recipe.recipe}` student ({recipe.shape.as_spec()}, init {recipe.init.kind}) distilled from {teacher} "
+            f"for {spec.glue_name} ({'regression' if spec.is_regression else 'labels ' + ', '.join(spec.labels)}).\n\n"
+            f"- Recipe: objectives {dict(recipe.weights.weights)}, options {recipe.options()}\n"
+            f"- Data: {data}\n\n"
+            f"| metric | value |\n|---|---|\n{table}\n\n"
+            "Speed: CPU median latency in ms at batch 1 (`latency_ms_b1`), speedup over the teacher (`speedup_b1`), "
+            "the int8 ONNX export's latency and dev-score change.\n\n"
+            f"```python\nimport mlflow, pandas as pd\nmodel = mlflow.pyfunc.load_model(\"models:/{student}-{task}@champion\")\n"
+            f"{use}\n```\n")
+
+
+# ------------------------------------------------------------------------------------------------ stage
+
+def _already_registered(client, name: str, model_sha: str, metrics: dict[str, Any]):
+    """The latest version of `name` when it holds the same model (content hash) with the same dev scores."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        versions = client.search_model_versions(f"name = '{name}'")
+    except MlflowException:
+        return None
+    if not versions:
+        return None
+    latest = max(versions, key=lambda v: int(v.version))
+    dev = {k: _tag(v) for k, v in metrics.items() if k.startswith("dev.")}
+    same = latest.tags.get("inputs.model.sha256") == model_sha and all(latest.tags.get(k) == v for k, v in dev.items())
+    return latest if same else None
+
+
+def _tag(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _signature(pair: bool, regression: bool):
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, DataType, Schema
+
+    inputs = (Schema([ColSpec(DataType.string, "text"), ColSpec(DataType.string, "text_pair")]) if pair
+              else Schema([ColSpec(DataType.string)]))  # unnamed: a plain list of sentences works too
+    outputs = (Schema([ColSpec(DataType.double, "score")]) if regression
+               else Schema([ColSpec(DataType.string, "label"), ColSpec(DataType.double, "score")]))
+    return ModelSignature(inputs=inputs, outputs=outputs)
+
+
+def _input_example(task: str, pair: bool):
+    """Two dev examples of the task (pairs for pair tasks)."""
+    import pandas as pd
+
+    from tasks.teacher import load_task
+
+    dev = load_task(task)["dev"]
+    rows = dev.select(range(min(2, len(dev))))
+    example = {"text": rows["text_a"][:]}
+    if pair:
+        example["text_pair"] = rows["text_b"][:]
+    return pd.DataFrame(example)
 
 
 def run_register(p: Params, item: str) -> dict[str, Any]:
     import mlflow
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from mlflow.exceptions import MlflowException
+
+    from distillery import glue
 
     student, task = split_item(item)
+    spec = glue.get_task(task)
     model_dir = paths.student(student, task) / "model"
-    model = AutoModelForSequenceClassification.from_pretrained(str(model_dir))
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    metrics = version_metrics(p, student, task)
     name = f"{student}-{task}"
-    info = mlflow.transformers.log_model(
-        {"model": model, "tokenizer": tokenizer}, name="model", task="text-classification",
-        registered_model_name=name, pip_requirements=pip_requirements(),
-    )
-    version = info.registered_model_version
-    mlflow.MlflowClient().set_registered_model_alias(name, ALIAS, version)
-    record = {"name": name, "version": int(version), "alias": ALIAS, "uri": f"models:/{name}@{ALIAS}",
+    client = mlflow.MlflowClient()
+    try:
+        champion = client.get_model_version_by_alias(name, CHAMPION)
+    except MlflowException:
+        champion = None
+    model_sha = fingerprint(model_dir)
+    if (same := _already_registered(client, name, model_sha, metrics)) is not None:
+        # evaluate re-ran (another student, new timings) but this model and its dev scores are unchanged
+        why = f"version {same.version} already holds this model with these dev scores: nothing new registered"
+        print(f"register {name}: {why}")
+        record = json.loads(paths.registry(student, task).read_text()) if paths.registry(student, task).is_file() else {}
+        write_json(paths.registry(student, task), {**record, "name": name, "version": int(same.version),
+                                                   "reason": why, "metrics": metrics})
+        return {"metrics": {"registered_version": int(same.version), "promoted": 0}}
+
+    with tempfile.TemporaryDirectory() as tmp:  # the logged model dir = the student + its model card
+        staged = Path(tmp) / "model"
+        shutil.copytree(model_dir, staged)
+        (staged / "README.md").write_text(model_card(p, student, task, metrics), encoding="utf-8")
+        info = mlflow.pyfunc.log_model(
+            name="model", python_model=str(PYFUNC_CODE), artifacts={"model": str(staged)},
+            model_config={"task": task, "labels": list(spec.labels), "regression": spec.is_regression,
+                          "pair": spec.is_pair, "max_length": p.data.max_length},
+            signature=_signature(spec.is_pair, spec.is_regression), input_example=_input_example(task, spec.is_pair),
+            pip_requirements=pip_requirements(), registered_model_name=name,
+        )
+    version = str(info.registered_model_version)
+
+    inputs = registry_inputs(student, task)
+    tags: dict[str, Any] = {"task": task, "student": student, "recipe": p.students[student].recipe,
+                            **{k: _tag(v) for k, v in metrics.items()},
+                            "params_sha256": params_hash(p),
+                            **{f"inputs.{k}.sha256": model_sha if k == "model" else fingerprint(v)
+                               for k, v in inputs.items()},
+                            **{f"inputs.{k}.dvc_md5": v for k, v in dvc_md5s(inputs).items()}}
+    if commit := git_commit():
+        tags["git_commit"] = commit
+    champion_main = None
+    if champion is not None and champion.tags.get("dev.main") is not None:
+        champion_main = float(champion.tags["dev.main"])
+    promote, why = promotion(metrics["dev.main"], champion_main, None if champion is None else champion.version,
+                             p.registry.promote_margin)
+    tags.update({"promoted": str(promote).lower(), "promotion": why})
+    for key, value in tags.items():
+        client.set_model_version_tag(name, version, key, value)
+    client.set_registered_model_alias(name, CANDIDATE, version)
+    if promote:
+        client.set_registered_model_alias(name, CHAMPION, version)
+    client.update_model_version(name, version, description=f"{student} on {task}: dev main {metrics['dev.main']:.4f}"
+                                + (f", retention {metrics['retention']:.3f}" if "retention" in metrics else "") + f". {why}")
+    if mlflow.active_run():
+        mlflow.set_tags({"registered_version": version, "promotion": why})
+    print(f"register {name} version {version}: {why}")
+
+    champion_version = version if promote else champion.version
+    alias = CHAMPION if promote else CANDIDATE
+    record = {"name": name, "version": int(version), "alias": alias,
+              "aliases": [CANDIDATE, CHAMPION] if promote else [CANDIDATE],
+              "uri": f"models:/{name}@{alias}", "version_uri": f"models:/{name}/{version}",
+              "promoted": promote, "reason": why, "champion_version": int(champion_version),
+              "champion_uri": f"models:/{name}@{CHAMPION}", "metrics": metrics,
               "run_id": mlflow.active_run().info.run_id if mlflow.active_run() else None}
     write_json(paths.registry(student, task), record)
-    return {"metrics": {"registered_version": int(version)}}
+    return {"metrics": {"registered_version": int(version), "promoted": int(promote)}}
 
 
 REGISTER = Stage(
     "register", run_register,
-    deps=lambda p, item: [paths.student(*split_item(item)) / "model"],
+    deps=lambda p, item: [paths.student(*split_item(item)) / "model", paths.evaluation(split_item(item)[1])],
     outs=lambda p, item: [paths.registry(*split_item(item))],
-    params=lambda p, item: {},
-    code=("tasks/register.py",),
+    params=lambda p, item: {"registry": p.registry.model_dump(mode="json", exclude={"enabled"})},
+    code=("tasks/register.py", "tasks/pyfunc_classifier.py"),
 )

@@ -1,0 +1,80 @@
+"""A registered student as an MLflow pyfunc model (MLflow "models from code": this file is logged with the model
+and run when it is loaded, so it imports nothing from this project).
+
+    model = mlflow.pyfunc.load_model("models:/<student>-<task>@champion")
+    model.predict(["a sentence", ...])                                           # single-sentence tasks
+    model.predict(pd.DataFrame({"text": ["premise"], "text_pair": ["hypothesis"]}))  # pair tasks: both are used
+
+Classification answers a DataFrame with `label` (the task's label names) and `score` (its probability);
+regression (STS-B) answers `score`, the raw predicted similarity, as a float. The model configuration
+(`labels`, `regression`, `pair`, `max_length`) is the logged `model_config`.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import mlflow
+from mlflow.pyfunc import PythonModel
+
+
+class SequenceClassifier(PythonModel):
+    """Tokenises (text[, text_pair]) as the student was trained and returns labels or scores."""
+
+    def load_context(self, context) -> None:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        cfg = dict(context.model_config or {})
+        path = context.artifacts["model"]
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+        self.labels = [str(label) for label in cfg.get("labels") or []]
+        self.regression = bool(cfg.get("regression", False))
+        self.pair = bool(cfg.get("pair", False))
+        self.max_length = int(cfg.get("max_length", 128))
+        self.batch_size = int(cfg.get("batch_size", 64))
+        self.accepts = set(inspect.signature(self.model.forward).parameters)
+
+    def _columns(self, model_input) -> tuple[list[str], list[str] | None]:
+        import pandas as pd
+
+        df = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(
+            [model_input] if isinstance(model_input, dict) and all(isinstance(v, str) for v in model_input.values())
+            else model_input)
+        cols = list(df.columns)
+        if not cols:
+            raise ValueError("no input column: give text (and text_pair for a sentence-pair task)")
+        first = "text" if "text" in cols else cols[0]
+        rest = [c for c in cols if c != first]
+        second = "text_pair" if "text_pair" in cols else (rest[0] if rest and self.pair else None)
+        texts = ["" if v is None else str(v) for v in df[first].tolist()]
+        if self.pair:
+            if second is None:
+                raise ValueError("this model scores sentence pairs: give the columns text and text_pair")
+            return texts, ["" if v is None else str(v) for v in df[second].tolist()]
+        return texts, None
+
+    def predict(self, context, model_input, params=None):
+        import pandas as pd
+        import torch
+
+        texts, pairs = self._columns(model_input)
+        chunks = []
+        with torch.inference_mode():
+            for i in range(0, len(texts), self.batch_size):
+                enc = self.tokenizer(texts[i : i + self.batch_size],
+                                     None if pairs is None else pairs[i : i + self.batch_size],
+                                     truncation=True, max_length=self.max_length, padding=True, return_tensors="pt")
+                enc = {k: v for k, v in enc.items() if k in self.accepts}
+                chunks.append(self.model(**enc).logits.float())
+        n_out = 1 if self.regression else max(len(self.labels), 1)
+        logits = torch.cat(chunks) if chunks else torch.zeros(0, n_out)
+        if self.regression:
+            return pd.DataFrame({"score": logits[:, 0].double().numpy()})
+        probs = logits.softmax(-1)
+        ids = probs.argmax(-1).tolist()
+        labels = [self.labels[i] if i < len(self.labels) else str(i) for i in ids]
+        return pd.DataFrame({"label": labels, "score": probs.max(-1).values.double().numpy()})
+
+
+mlflow.models.set_model(SequenceClassifier())
