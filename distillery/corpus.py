@@ -158,12 +158,24 @@ def train_wordpiece(corpus_path: str | Path, out_dir: str | Path, *, vocab_size:
 
     from distillery.io import atomic_dir
 
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     wp = BertWordPieceTokenizer(lowercase=True, strip_accents=True)
-    wp.train([str(corpus_path)], vocab_size=vocab_size, min_frequency=1, show_progress=False)
+    # The trainer numbers the continuation pieces ("##x") in hash-map order and breaks ties between equally
+    # frequent merges by those numbers, so two trainings on one corpus differ (huggingface/tokenizers#1794).
+    # Declaring every "##x" up front numbers them in a fixed order; the pieces are renumbered in a fixed order too.
+    chars = set()
+    with open(corpus_path, encoding="utf-8") as f:
+        for line in f:
+            chars.update(wp.normalizer.normalize_str(line))
+    continuation = [f"##{c}" for c in sorted(chars) if not c.isspace()]
+    wp.train([str(corpus_path)], vocab_size=vocab_size, min_frequency=1,
+             show_progress=False, special_tokens=specials + continuation)
+    pieces = specials + sorted(set(wp.get_vocab()) - set(specials))
     with tempfile.TemporaryDirectory() as tmp:
-        wp.save_model(tmp)
+        vocab_file = Path(tmp) / "vocab.txt"
+        vocab_file.write_text("".join(f"{piece}\n" for piece in pieces), encoding="utf-8")
         # transformers 5: `vocab=` (a `vocab_file=` keyword is silently ignored)
-        tokenizer = BertTokenizerFast(vocab=str(Path(tmp) / "vocab.txt"), do_lower_case=True)
+        tokenizer = BertTokenizerFast(vocab=str(vocab_file), do_lower_case=True)
     with atomic_dir(out_dir) as tmp_dir:
         tokenizer.save_pretrained(tmp_dir)
     return Path(out_dir)

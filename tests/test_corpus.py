@@ -104,3 +104,22 @@ def test_wordpiece_tokenizer_round_trip(tmp_path):
     texts = corpus.pack_sequences(corpus.read_sentences(tmp_path / "s.txt"), tok, 32)
     assert max(len(tok(t)["input_ids"]) for t in texts) <= 32  # demo sentences are shorter than the budget
     assert len(texts) < sum(len(d) for d in corpus.read_sentences(tmp_path / "s.txt"))  # sentences were packed
+
+
+def test_wordpiece_training_is_deterministic(tmp_path):
+    """The tokenizers trainer numbers its pieces in hash-map order (tens of ids moved between two trainings on
+    the same corpus); the vocabulary must come out identical, or resumed weights no longer match it."""
+    from distillery.corpus import train_wordpiece
+
+    corpus = tmp_path / "corpus.txt"
+    words = ["distillation", "teacher", "student", "attention", "hidden", "layer", "general", "task", "augment",
+             "vocabulary", "sentence", "transformer", "embedding", "prediction", "quantised", "latency"]
+    corpus.write_text("".join(" ".join(words[(i * 7 + j) % len(words)] for j in range(9)) + ".\n"
+                              for i in range(400)), encoding="utf-8")
+    first = train_wordpiece(corpus, tmp_path / "a", vocab_size=150)
+    second = train_wordpiece(corpus, tmp_path / "b", vocab_size=150)
+    assert (first / "tokenizer.json").read_bytes() == (second / "tokenizer.json").read_bytes()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(first))
+    assert len(tok) <= 150 and tok.convert_ids_to_tokens(list(range(5))) == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
