@@ -39,6 +39,7 @@ def apply() -> None:
         # bars, no MLflow INFO lines; errors and the training progress bar stay
         "TRANSFORMERS_VERBOSITY": "error",
         "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # transformers' weight loading/saving bars (not the Trainer's)
         "MLFLOW_LOGGING_LEVEL": "WARNING",
     }
     for key, value in defaults.items():
