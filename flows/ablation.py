@@ -19,11 +19,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tasks import env  # noqa: F401  (before prefect)
+from tasks import env  # (before prefect)
 
 import yaml
 
 from distillery.config import ConfigError, Params, load_params
+from distillery.errors import debug_requested, run_main
 from distillery.io import atomic_path, write_text
 from flows.pipeline import add_params_options, params_path, pipeline
 from tasks import paths, tracking
@@ -154,13 +155,16 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_params_options(parser)
     parser.add_argument("--student", help="the TinyBERT student to ablate (default: the first)")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of a user error")
     args = parser.parse_args(argv)
-    try:
-        run(params_path(args.params, args.preset), args.student)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+
+    def go() -> int:
+        path = params_path(args.params, args.preset)
+        load_params(path, inputs=True, root=env.ROOT)  # every input checked before any work
+        run(path, args.student)
+        return 0
+
+    return run_main(go, debug=args.debug or debug_requested([]))
 
 
 if __name__ == "__main__":

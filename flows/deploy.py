@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tasks import env  # noqa: F401
+from tasks import env
 
-from distillery.config import ConfigError, load_params
+from distillery.config import load_params
+from distillery.errors import debug_requested, run_main
 from flows.pipeline import add_params_options, params_path, pipeline
 
 
@@ -24,15 +25,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="nightly")
     parser.add_argument("--cron", default="0 3 * * *", help="cron schedule (default: 03:00 every day)")
     add_params_options(parser)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of a user error")
     args = parser.parse_args(argv)
-    try:
+
+    def go() -> int:
         path = params_path(args.params, args.preset)
-        load_params(path)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    pipeline.serve(name=args.name, cron=args.cron, parameters={"params_file": path})
-    return 0
+        load_params(path, inputs=True, root=env.ROOT)
+        pipeline.serve(name=args.name, cron=args.cron, parameters={"params_file": path})
+        return 0
+
+    return run_main(go, debug=args.debug or debug_requested([]))
 
 
 if __name__ == "__main__":

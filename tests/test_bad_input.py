@@ -280,3 +280,13 @@ def test_a_stage_error_inside_the_prefect_flow_ends_with_its_one_line(tmp_path):
         assert lines[-1] == expected  # the last thing the user sees
         assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
         assert not (project / "data" / "tasks" / "sst2").exists()
+
+
+@pytest.mark.parametrize("module", ["flows.ablation", "flows.deploy"])
+def test_ablation_and_deploy_share_the_error_boundary(module, capsys):
+    """An unknown preset: one error line, exit code 2, no traceback, for every command of the flows."""
+    import importlib
+
+    code = importlib.import_module(module).main(["--preset", "no-such-preset"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: --preset: unknown preset 'no-such-preset'") and "Traceback" not in err
