@@ -29,7 +29,7 @@ from distillery.config import ConfigError, Params, load_params
 from distillery.errors import EXIT_USER_ERROR, UserError, debug_requested, report
 from flows.stages import STAGES, items
 from tasks import paths, tracking
-from tasks.execute import execute
+from tasks.execute import execute, label, say
 from tasks.stage import Stage, is_fresh, stage_key
 
 PRESETS_DIR = env.ROOT / "params"
@@ -42,7 +42,7 @@ def _prefect_task(stage: Stage):
     @task(name=stage.name, cache_key_fn=key, persist_result=True, task_run_name="{item}",
           result_serializer="json")
     def run(params: Params, item: str | None, parent_run_id: str | None) -> dict[str, Any]:
-        return execute(stage, params, item, parent_run_id)
+        return execute(stage, params, item, parent_run_id, say_cached=False)  # run_stage said it
 
     return run
 
@@ -51,9 +51,12 @@ PREFECT_TASKS = {name: _prefect_task(stage) for name, stage in STAGES.items()}
 
 
 def run_stage(name: str, p: Params, item: str | None, parent_run_id: str | None) -> dict[str, Any]:
-    """Call a stage's Prefect task; force a rerun when its outputs are gone or were made by other params."""
+    """Call a stage's Prefect task. The stamp decides (tasks.stage.is_fresh): a stale stage bypasses Prefect's result
+    cache; a fresh one is a Prefect cache hit, or runs no body when Prefect's store misses (after `dvc repro`)."""
     stage, prefect_task = STAGES[name], PREFECT_TASKS[name]
-    if not is_fresh(stage, p, item):
+    if is_fresh(stage, p, item):
+        say(f"{label(stage, item)}: cached")
+    else:
         prefect_task = prefect_task.with_options(refresh_cache=True)
     return prefect_task(p, item, parent_run_id)
 
