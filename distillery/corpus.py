@@ -106,6 +106,51 @@ def pack_sequences(documents: list[list[str]], tokenizer, max_length: int) -> li
     return texts
 
 
+def sentence_pairs(
+    documents: list[list[str]], tokenizer, max_length: int, *, seed: int = 0, random_next: float = 0.5,
+) -> list[tuple[str, str, int]]:
+    """Next-sentence-prediction pairs ``(A, B, label)`` (BERT, Devlin et al. 2019, Sec. 3.1 "Task #2"; the pair
+    construction of BERT's ``create_pretraining_data.py``, simplified): consecutive sentences of one document are
+    packed into chunks of at most ``max_length - 3`` pieces; each chunk is split at a random sentence boundary into
+    A and B. With probability ``random_next`` (always for a one-sentence chunk) B is replaced by as many sentences,
+    from a random position of *another* document: label 1 ("random"); otherwise B is A's true continuation from
+    the same document: label 0 (transformers' convention). Pairs never cross a document boundary except as a
+    random B."""
+    import random
+
+    rng = random.Random(seed)
+    budget = max_length - 3  # [CLS] A [SEP] B [SEP]
+    docs = [d for d in documents if d]
+    lengths = [[len(ids) for ids in tokenizer(d, add_special_tokens=False)["input_ids"]] for d in docs]
+    pairs: list[tuple[str, str, int]] = []
+    for i, (doc, lens) in enumerate(zip(docs, lengths)):
+        chunks: list[list[int]] = [[]]
+        used = 0
+        for j, n in enumerate(lens):
+            if chunks[-1] and used + n > budget:
+                chunks.append([])
+                used = 0
+            chunks[-1].append(j)
+            used += n
+        for chunk in chunks:
+            if not chunk:
+                continue
+            is_random = len(docs) > 1 and (len(chunk) == 1 or rng.random() < random_next)
+            if len(chunk) == 1 and not is_random:
+                continue  # a one-sentence chunk of the only document has no B
+            split = rng.randint(1, len(chunk) - 1) if len(chunk) > 1 else 1
+            a = " ".join(doc[j] for j in chunk[:split])
+            if is_random:
+                other = rng.choice([k for k in range(len(docs)) if k != i])
+                start = rng.randrange(len(docs[other]))
+                n_b = max(1, len(chunk) - split)
+                b = " ".join(docs[other][start:start + n_b])
+            else:
+                b = " ".join(doc[j] for j in chunk[split:])
+            pairs.append((a, b, int(is_random)))
+    return pairs
+
+
 def learn_word_vectors(
     corpus_path: str | Path, out_path: str | Path, *, dim: int = 50, max_words: int = 20_000, window: int = 2,
 ) -> dict[str, int]:

@@ -12,8 +12,20 @@ Student presets (parameter counts with vocab 30522, base model incl. pooler; see
 * ``mobilebert-tiny`` -- MobileBERT_TINY (Table 1 + Appendix E): as above with 2 stacked FFNs and
   the "lighter MHA" that reads query, key *and* value from the 128-d intra-block maps
   (``use_bottleneck_attention``) (paper: 15.1M; the paper leaves the rest open, we match within 5%).
+* ``mobilebert-no-opt`` / ``mobilebert-tiny-no-opt`` -- the same without the operational optimisations
+  (Sec. 3.3, Table 4 "MobileBERT w/o OPT"): LayerNorm and gelu, like the IB-BERT teacher.
 * ``distilbert6`` -- DistilBERT (Sanh et al., 2019, Sec. 3): 6 layers of a BERT-base teacher,
   initialised from teacher layers [0, 2, 4, 7, 9, 11] (``init_layers``).
+
+IB-BERT teacher presets (MobileBERT Sec. 3.1, Tables 1-2; built like the official config
+``uncased_L-24_H-1024_B-512_A-4.json``: LayerNorm, gelu, one FFN, 128-d trigram embedding):
+
+* ``ib-bert-large`` -- IB-BERT_LARGE, Table 2 (f): 24 layers, inter-block 512, intra-block 1024, 4 heads,
+  FFN 4096 (paper: 293M). Query, key and value read the 512-d inter-block maps (see
+  :func:`inter_block_attention_inputs`).
+* ``ib-bert-large-intra512`` -- the scaled-down teacher of Table 2 (g): intra-block 512, FFN 2048 (paper: 92M).
+  Smaller teachers come from the recipe (``ib_teacher``: a converted pipeline teacher, or the student's depth,
+  width and heads with an intra-block width of twice the inter-block one, see ``distillery.ib_teacher``).
 """
 
 from __future__ import annotations
@@ -39,6 +51,8 @@ __all__ = [
     "build_student",
     "load_teacher",
     "init_from_teacher_layers",
+    "inter_block_attention_inputs",
+    "load_model",
     "num_layers",
     "num_heads",
     "hidden_size",
@@ -46,7 +60,7 @@ __all__ = [
 ]
 
 ARCHS = ("bert", "mobilebert", "distilbert")
-HEADS = ("base", "sequence-classification", "mlm")
+HEADS = ("base", "sequence-classification", "mlm", "pretraining")
 
 
 class ModelConfigError(ValueError):
@@ -127,8 +141,31 @@ PRESETS: dict[str, StudentShape | Callable[[], StudentShape]] = {
     "distilbert6": StudentShape(6, 768, 12, 3072, arch="distilbert", init_layers=(0, 2, 4, 7, 9, 11)),
 }
 
+#: The official IB-BERT settings (``uncased_L-24_H-1024_B-512_A-4.json`` + modeling.py defaults).
+IB_BERT: dict[str, Any] = {
+    "embedding_size": 128,
+    "trigram_input": True,
+    "use_bottleneck": True,
+    "use_bottleneck_attention": False,
+    "key_query_shared_bottleneck": False,
+    "num_feedforward_networks": 1,
+    "normalization_type": "layer_norm",
+    "hidden_act": "gelu",
+}
+_NO_OPT = {"normalization_type": "layer_norm", "hidden_act": "gelu"}  # Sec. 3.3's operational optimisations undone
+PRESETS.update({
+    "mobilebert-no-opt": replace(PRESETS["mobilebert"], extra={**PRESETS["mobilebert"].extra, **_NO_OPT}),
+    "mobilebert-tiny-no-opt": replace(PRESETS["mobilebert-tiny"], extra={**PRESETS["mobilebert-tiny"].extra, **_NO_OPT}),
+    "ib-bert-large": StudentShape(24, 512, 4, 4096, arch="mobilebert", extra={**IB_BERT, "intra_bottleneck_size": 1024}),
+    "ib-bert-large-intra512": StudentShape(24, 512, 4, 2048, arch="mobilebert",
+                                           extra={**IB_BERT, "intra_bottleneck_size": 512}),
+})
+
 # Parameter counts the papers report (millions), used by the tests.
-PAPER_PARAMS_M: dict[str, float] = {"tinybert4": 14.5, "tinybert6": 67.0, "mobilebert": 25.3, "mobilebert-tiny": 15.1}
+PAPER_PARAMS_M: dict[str, float] = {
+    "tinybert4": 14.5, "tinybert6": 67.0, "mobilebert": 25.3, "mobilebert-tiny": 15.1, "mobilebert-no-opt": 25.3,
+    "ib-bert-large": 293.0, "ib-bert-large-intra512": 92.0,
+}
 
 _SHAPE_KEYS = {f.name for f in fields(StudentShape)}
 
@@ -153,7 +190,10 @@ def resolve_shape(name_or_dict: str | Mapping[str, Any] | StudentShape) -> Stude
                 f"student shape: unknown key(s) {sorted(unknown)}; allowed: preset, {', '.join(sorted(_SHAPE_KEYS))}"
             )
         if "preset" in d:
-            return replace(resolve_shape(d.pop("preset")), **d)
+            base = resolve_shape(d.pop("preset"))
+            if "extra" in d:  # overrides on top of the preset's own settings
+                d["extra"] = {**base.extra, **d["extra"]}
+            return replace(base, **d)
         missing = {"layers", "hidden", "heads", "intermediate"} - set(d)
         if missing:
             raise ModelConfigError(f"student shape: missing key(s) {sorted(missing)}")
@@ -217,6 +257,8 @@ def _auto_class(head: str) -> Any:
         return transformers.AutoModelForSequenceClassification
     if head == "mlm":
         return transformers.AutoModelForMaskedLM
+    if head == "pretraining":
+        return transformers.AutoModelForPreTraining
     raise ModelConfigError(f"unknown head {head!r}; expected one of {', '.join(HEADS)}")
 
 
@@ -231,7 +273,55 @@ def build_student(
     """A randomly initialised student (HF model class, SDPA attention) with the requested head."""
     cls = _auto_class(head)
     cfg = student_config(shape, vocab_size, base=base, num_labels=num_labels if head == "sequence-classification" else None)
-    return cls.from_config(cfg)
+    return inter_block_attention_inputs(cls.from_config(cfg))
+
+
+def reads_inter_block_maps(cfg: PretrainedConfig) -> bool:
+    """A MobileBERT config whose query, key and value read the inter-block feature maps, as in the official
+    IB-BERT (``use_bottleneck`` without ``use_bottleneck_attention`` / ``key_query_shared_bottleneck``) with an
+    intra-block width that differs from the inter-block one."""
+    return (getattr(cfg, "model_type", None) == "mobilebert" and cfg.use_bottleneck
+            and not cfg.use_bottleneck_attention and not cfg.key_query_shared_bottleneck
+            and cfg.intra_bottleneck_size != cfg.hidden_size)
+
+
+def inter_block_attention_inputs(model: PreTrainedModel) -> PreTrainedModel:
+    """The official IB-BERT attention (``modeling.py`` of the MobileBERT release: ``query_tensor = key_tensor =
+    value_tensor = prev_output``): transformers' ``MobileBertSelfAttention`` builds query and key for
+    ``true_hidden_size`` (intra-block) inputs although, with both bottleneck-attention switches off, it feeds them
+    the ``hidden_size`` (inter-block) maps; replace them by ``hidden_size -> intra`` projections. A no-op for every
+    other config. Such a model is saved with ``save_pretrained`` and loaded back with :func:`load_model`."""
+    if not reads_inter_block_maps(model.config):
+        return model
+    cfg = model.config
+    for layer in model.base_model.encoder.layer:
+        attn = layer.attention.self
+        attn.query = nn.Linear(cfg.hidden_size, attn.all_head_size)
+        attn.key = nn.Linear(cfg.hidden_size, attn.all_head_size)
+        for lin in (attn.query, attn.key):
+            nn.init.normal_(lin.weight, std=cfg.initializer_range)
+            nn.init.zeros_(lin.bias)
+    return model
+
+
+def load_model(path: str | os.PathLike, *, head: str = "base") -> PreTrainedModel:
+    """A saved model by its head (``AutoModel*.from_pretrained``), including an IB-BERT whose attention reads the
+    inter-block maps (:func:`inter_block_attention_inputs`; built from its config, then its weights loaded)."""
+    from safetensors.torch import load_file
+
+    cls = _auto_class(head)
+    cfg = transformers.AutoConfig.from_pretrained(str(path))
+    if not reads_inter_block_maps(cfg):
+        return cls.from_pretrained(str(path))
+    model = inter_block_attention_inputs(cls.from_config(cfg))
+    state = load_file(str(Path(path) / "model.safetensors"))
+    result = model.load_state_dict(state, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or ())
+    missing = [k for k in result.missing_keys if k not in tied]
+    if missing or result.unexpected_keys:
+        raise ModelConfigError(f"load_model {path}: missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}")
+    model.tie_weights()
+    return model.eval()
 
 
 def _looks_local(name: str) -> bool:

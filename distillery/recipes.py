@@ -9,7 +9,9 @@ here once (objective weights come from ``distillery.objectives.RECIPES``):
                 relation KL, eqs. 7-9; or MiniLMv2 relation heads) -> fine-tuning on the task (grid)
     distilbert  init from teacher layers -> pre-training distillation (5 L_ce + 2 L_mlm + 1 L_cos)
                 -> fine-tuning on the task (grid) [-> prediction-layer distillation]
-    mobilebert  layer-wise transfer (feature maps, eq. 2 + attention, eq. 3; joint) -> fine-tuning (grid)
+    mobilebert  IB-BERT teacher (converted from the pipeline's teacher, or MLM from scratch)
+                -> knowledge transfer (feature maps, eq. 2 + attention, eq. 3): progressive | joint
+                -> pre-training distillation (eq. 4) -> fine-tuning (grid); auxiliary: one combined loss instead
     any         init from a general checkpoint (path or Hub name) skips general distillation
 
 ``init``: ``random`` | ``{teacher_layers: [...]}`` | ``{checkpoint: PATH_OR_HUB_NAME}``.
@@ -36,7 +38,9 @@ class Section(BaseModel):
 
 
 class Shape(Section):
-    """A student or teacher shape: a preset name, or explicit numbers (``arch``: bert | distilbert | mobilebert)."""
+    """A student or teacher shape: a preset name, or explicit numbers (``arch``: bert | distilbert | mobilebert),
+    or a preset with some numbers overridden. MobileBERT shapes: ``hidden`` is the inter-block width, ``intra``
+    the intra-block (bottleneck) width, ``embedding`` the embedding-table width."""
 
     preset: str | None = None
     layers: int | None = Field(None, ge=1)
@@ -44,6 +48,11 @@ class Shape(Section):
     heads: int | None = Field(None, ge=1)
     intermediate: int | None = Field(None, ge=1)
     arch: Literal["bert", "distilbert", "mobilebert"] | None = None
+    intra: int | None = Field(None, ge=1)
+    embedding: int | None = Field(None, ge=1)
+
+    #: MobileBertConfig field of each MobileBERT-only key.
+    MOBILEBERT_KEYS: ClassVar[dict[str, str]] = {"intra": "intra_bottleneck_size", "embedding": "embedding_size"}
 
     @model_validator(mode="after")
     def _preset_or_numbers(self) -> "Shape":
@@ -53,13 +62,20 @@ class Shape(Section):
         from distillery.models import ModelConfigError
 
         try:
-            self.resolve()
+            shape = self.resolve()
         except ModelConfigError as exc:
             raise ValueError(str(exc).removeprefix("student shape: ")) from None
+        given = [k for k in self.MOBILEBERT_KEYS if getattr(self, k) is not None]
+        if given and shape.arch != "mobilebert":
+            raise ValueError(f"{given} are MobileBERT widths; the shape's arch is {shape.arch}")
         return self
 
     def as_spec(self) -> str | dict[str, Any]:
-        spec = {k: v for k, v in self.model_dump().items() if v is not None}
+        dumped = self.model_dump()
+        spec = {k: v for k, v in dumped.items() if v is not None and k not in self.MOBILEBERT_KEYS}
+        extra = {field: dumped[k] for k, field in self.MOBILEBERT_KEYS.items() if dumped[k] is not None}
+        if extra:
+            spec["extra"] = extra
         return spec if set(spec) != {"preset"} else self.preset
 
     def resolve(self):
@@ -265,15 +281,61 @@ class DistilBertRecipe(Recipe):
                 "max_grad_norm": self.max_grad_norm, "gradient_accumulation_steps": self.gradient_accumulation_steps}
 
 
+class IBTeacher(Section):
+    """MobileBERT's IB-BERT teacher (Sun et al., 2020, Sec. 3.1): inverted bottlenecks give its inter-block feature
+    maps the student's width, so eqs. 2-3 compare them without a projection; its intra-block width is its own.
+
+    ``convert``: the pipeline's MLM teacher with bottleneck projections inserted around each of its layers (BERT
+    weights inside, new input/output linears) and continued MLM training; ``scratch``: MLM pre-training from random
+    weights (the paper), ``shape`` defaulting to the student's depth, width, heads and embedding with an intra-block
+    width of twice the inter-block one and FFN 4 x intra (for the ``mobilebert`` student: IB-BERT_LARGE).
+    The MLM schedule (lr, batch, warm-up, length) is ``pretrain``'s; ``epochs`` None means ``pretrain.epochs``."""
+
+    init: Literal["convert", "scratch"] = "convert"
+    shape: Shape | None = None
+    epochs: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _shape_for_scratch(self) -> "IBTeacher":
+        if self.shape is not None and self.init != "scratch":
+            raise ValueError("`shape` is for init 'scratch' (a converted teacher takes its shape from the teacher)")
+        return self
+
+
 class MobileBertRecipe(Recipe):
-    """MobileBERT layer-wise transfer (Sun et al., 2020, Sec. 3.5-4): feature maps (eq. 2) and attention (eq. 3)
-    of every layer, all layers at once (joint transfer), student and teacher of equal depth, width and heads."""
+    """MobileBERT (Sun et al., 2020, Sec. 3-4): an IB-BERT teacher of the student's feature-map width, layer-wise
+    knowledge transfer (feature maps, eq. 2, and attention, eq. 3) with the embedding and classifier copied from the
+    teacher, then pre-training distillation (eq. 4), then fine-tuning.
+
+    ``transfer`` (Sec. 3.6, Figure 2): ``progressive`` (L stages; stage l trains layer l at the full learning rate and
+    the layers below it and the embedding at ``lower_layer_lr_scale`` x, 0 = frozen), ``joint`` (all layers at once),
+    both followed by pre-training distillation; ``auxiliary``: one loss, layer-wise terms + eq. 4, no separate
+    transfer stage. ``transfer_epochs`` is the transfer's total (progressive: split evenly over the L stages, like the
+    official ``steps_per_phase``); None means ``general_distillation.epochs``. Pre-training distillation uses the
+    ``general_distillation`` schedule: ``alpha`` MLM + (1 - alpha) KD on the masked positions + NSP on sentence pairs
+    (``next_sentence_prediction``)."""
 
     recipe: Literal["mobilebert"] = "mobilebert"
+    ib_teacher: IBTeacher = IBTeacher()
+    transfer: Literal["progressive", "joint", "auxiliary"] = "progressive"
+    lower_layer_lr_scale: float = Field(0.1, ge=0, le=1)  # Sec. 3.6 "a small learning rate"; official: 0.1
+    transfer_epochs: float | None = Field(None, gt=0)
     feature_map_normalized: bool = False          # official: layer-normalised maps + mean/variance terms
+    alpha: float = Field(0.5, gt=0, lt=1)         # eq. 4; Appendix: 0.5 (= official distill_ground_truth_ratio)
+    next_sentence_prediction: bool = True         # eq. 4's L_NSP on sentence pairs of the corpus documents
+    mlm_probability: float = Field(0.15, gt=0, lt=1)
 
     OBJECTIVES_DEFAULT: ClassVar[str] = "mobilebert-layerwise"
     COMPUTABLE: ClassVar[tuple[str, ...]] = ("feature_map_loss", "attention_transfer_loss")
+
+    @property
+    def needs_mlm_teacher(self) -> bool:
+        return self.runs_general and self.ib_teacher.init == "convert"
+
+    @property
+    def runs_transfer(self) -> bool:
+        """Whether a separate knowledge-transfer stage runs before pre-training distillation."""
+        return self.runs_general and self.transfer != "auxiliary"
 
     def options(self) -> dict[str, Any]:
         return {**super().options(), "feature_map_normalized": self.feature_map_normalized}
@@ -349,7 +411,7 @@ def check_recipe(recipe: Recipe, teacher: Dims, key: str) -> None:
 
     s = student_dims(recipe, teacher, key)
     names = recipe.weights.active()
-    if s.layers > teacher.layers:
+    if s.layers > teacher.layers and not isinstance(recipe, MobileBertRecipe):  # MobileBERT: its IB teacher's depth
         raise RecipeError(f"{key}.shape: the student has {s.layers} layers, more than the teacher's {teacher.layers}")
     if recipe.init.kind == "teacher_layers":
         if s.arch not in ("bert", "distilbert") or (s.hidden, s.heads, s.intermediate) != (
@@ -395,10 +457,21 @@ def check_recipe(recipe: Recipe, teacher: Dims, key: str) -> None:
         if s.arch == "mobilebert":
             raise RecipeError(f"{key}.shape: the distilbert recipe needs a bert or distilbert student")
     elif isinstance(recipe, MobileBertRecipe):
-        if (s.layers, s.hidden, s.heads) != (teacher.layers, teacher.hidden, teacher.heads):
-            raise RecipeError(
-                f"{key}.shape: layer-wise transfer needs the teacher's depth, feature-map width and heads "
-                f"({teacher.layers}/{teacher.hidden}/{teacher.heads}); the student has {s.layers}/{s.hidden}/{s.heads}")
+        if s.arch != "mobilebert":
+            raise RecipeError(f"{key}.shape: the mobilebert recipe needs a mobilebert shape (a bottleneck student), "
+                              f"got {s.arch}")
+        if recipe.runs_general and recipe.init.kind == "random":
+            from distillery.ib_teacher import IBShapeError, ib_teacher_shape
+
+            try:
+                ib = ib_teacher_shape(recipe.shape.resolve(), recipe.ib_teacher.init,
+                                      recipe.ib_teacher.shape.resolve() if recipe.ib_teacher.shape else None, teacher)
+            except IBShapeError as exc:
+                raise RecipeError(f"{key}.ib_teacher: {exc}") from None
+            if (s.layers, s.hidden, s.heads) != (ib.layers, ib.hidden, ib.heads):
+                raise RecipeError(
+                    f"{key}.shape: layer-wise transfer needs the IB teacher's depth, feature-map width and heads "
+                    f"({ib.layers}/{ib.hidden}/{ib.heads}); the student has {s.layers}/{s.hidden}/{s.heads}")
 
 
 def teacher_layers_for(recipe: Recipe, n_student: int, n_teacher: int) -> list[int]:
@@ -408,7 +481,8 @@ def teacher_layers_for(recipe: Recipe, n_student: int, n_teacher: int) -> list[i
 
 
 __all__ = [
-    "Shape", "Recipe", "TinyBertRecipe", "MiniLMRecipe", "DistilBertRecipe", "MobileBertRecipe", "StudentRecipe",
+    "Shape", "Recipe", "TinyBertRecipe", "MiniLMRecipe", "DistilBertRecipe", "MobileBertRecipe", "IBTeacher",
+    "StudentRecipe",
     "RandomInit", "TeacherLayersInit", "CheckpointInit", "Dims", "RecipeError", "check_recipe",
     "teacher_assistant_dims", "official_teacher_layers", "teacher_layers_for", "RECIPE_NAMES", "OBJECTIVES", "RECIPES",
 ]

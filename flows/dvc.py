@@ -34,7 +34,8 @@ HEADER = """\
 """
 
 # Stages whose body returns a training curve (`result["curve"]`), copied by tasks.execute to metrics/curves/.
-CURVE_STAGES = frozenset({"pretrain", "finetune_teacher", "teacher_assistant", "general_distillation", "task_distillation"})
+CURVE_STAGES = frozenset({"pretrain", "finetune_teacher", "teacher_assistant", "ib_teacher", "knowledge_transfer",
+                          "general_distillation", "task_distillation"})
 
 # Keys of `Stage.params(p, item)` that are not a top-level section of params.yaml -> the params.yaml key they read.
 PARAM_KEYS = {

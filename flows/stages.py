@@ -9,12 +9,14 @@ from tasks.evaluate import EVALUATE, REPORT
 from tasks.register import REGISTER
 from tasks.stage import Stage
 from tasks.teacher import FINETUNE_TEACHER, PRETRAIN
+from tasks.transfer import IB_TEACHER, KNOWLEDGE_TRANSFER, mobilebert_students
 
 from distillery.config import Params
 
 STAGES: dict[str, Stage] = {s.name: s for s in (
     PREPARE_CORPUS, PREPARE_TASK, PRETRAIN, WORD_VECTORS, FINETUNE_TEACHER, AUGMENT,
-    TEACHER_ASSISTANT, GENERAL_DISTILLATION, TASK_DISTILLATION, BASELINE, EVALUATE, REGISTER, REPORT,
+    TEACHER_ASSISTANT, IB_TEACHER, KNOWLEDGE_TRANSFER, GENERAL_DISTILLATION, TASK_DISTILLATION, BASELINE, EVALUATE,
+    REGISTER, REPORT,
 )}
 
 
@@ -30,6 +32,8 @@ def items(stage: str, p: Params) -> list[str | None]:
         "finetune_teacher": tasks,
         "augment": tasks if p.augment.enabled else [],
         "teacher_assistant": [s for s in students if needs_assistant(p, s)],
+        "ib_teacher": mobilebert_students(p),
+        "knowledge_transfer": mobilebert_students(p, transfer_stage=True),
         "general_distillation": [s for s in students if p.students[s].runs_general],
         "task_distillation": pairs,
         "baseline": pairs if p.evaluation.baselines else [],

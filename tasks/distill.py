@@ -2,8 +2,9 @@
 
 * `teacher_assistant` (MiniLM students that need one, Sec. 3.3): an L-layer, d'-wide assistant distilled from
   the teacher with the student's own objectives;
-* `general_distillation` (per student): TinyBERT / MiniLM / MobileBERT layer-wise distillation, or DistilBERT's
-  pre-training distillation, on the corpus; skipped for students initialised from a general checkpoint;
+* `general_distillation` (per student): TinyBERT / MiniLM layer-wise distillation, DistilBERT's pre-training
+  distillation, or MobileBERT's (eq. 4, after the stages of `tasks.transfer`), on the corpus; skipped for students
+  initialised from a general checkpoint;
 * `task_distillation` (per student and task): TinyBERT's two steps (intermediate layers on the augmented set,
   then the prediction layer over the grid), or fine-tuning over the grid for MiniLM / DistilBERT / MobileBERT
   (then, for DistilBERT with `task_distillation: true`, prediction-layer distillation from the fine-tuned teacher).
@@ -60,14 +61,11 @@ def _corpus_dataset(p: Params, tokenizer):
 
 
 def _layer_map(recipe, n_student: int, n_teacher: int):
-    from distillery.layer_map import LayerMap, build_layer_map
-    from distillery.recipes import MiniLMRecipe, MobileBertRecipe
+    from distillery.layer_map import build_layer_map
+    from distillery.recipes import MiniLMRecipe
 
     if isinstance(recipe, MiniLMRecipe):
         return build_layer_map("last", n_student, n_teacher)
-    if isinstance(recipe, MobileBertRecipe):  # every block output and every layer's attention, one to one
-        return LayerMap(hidden=tuple((i, i) for i in range(1, n_student + 1)),
-                        attention=tuple((i, i) for i in range(n_student)))
     return build_layer_map(recipe.layer_map, n_student, n_teacher)
 
 
@@ -97,10 +95,14 @@ def run_general_distillation(p: Params, student: str) -> dict[str, Any]:
     from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
     from distillery.models import num_layers
-    from distillery.recipes import DistilBertRecipe, init_student
+    from distillery.recipes import DistilBertRecipe, MobileBertRecipe, init_student
     from distillery.training.distill import distill
 
     recipe = p.students[student]
+    if isinstance(recipe, MobileBertRecipe):
+        from tasks.transfer import run_pretraining_distillation
+
+        return run_pretraining_distillation(p, student)
     source = str(paths.teacher_assistant(student) / "model") if needs_assistant(p, student) else teacher_source(p)
     tokenizer = AutoTokenizer.from_pretrained(teacher_source(p))
     out = paths.general_student(student)
@@ -281,7 +283,13 @@ def _teacher_source_deps(p: Params) -> list[Path]:
 
 
 def _general_deps(p: Params, s: str) -> list[Path]:
+    from distillery.recipes import MobileBertRecipe
+
     deps = [paths.corpus()]
+    if isinstance(p.students[s], MobileBertRecipe):
+        from tasks.transfer import pretraining_distillation_deps
+
+        return deps + pretraining_distillation_deps(p, s)
     deps += [paths.teacher_assistant(s) / "model"] if needs_assistant(p, s) else _teacher_source_deps(p)
     return deps + _checkpoint_deps(p, s)
 
@@ -324,7 +332,7 @@ GENERAL_DISTILLATION = Stage(
     deps=_general_deps,
     outs=lambda p, s: [paths.general_student(s) / "model"],
     params=_student_params,
-    code=TRAINING_CODE + ("distillery/corpus.py", "tasks/distill.py"),
+    code=TRAINING_CODE + ("distillery/corpus.py", "distillery/ib_teacher.py", "tasks/distill.py", "tasks/transfer.py"),
 )
 BASELINE = Stage(
     "baseline", run_baseline,

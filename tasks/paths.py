@@ -50,6 +50,16 @@ def teacher_assistant(student: str) -> Path:
     return MODELS / "assistant" / student
 
 
+def ib_teacher(student: str) -> Path:
+    """MobileBERT's IB-BERT teacher for one student (inter-block width = the student's)."""
+    return MODELS / "ib-teacher" / student
+
+
+def knowledge_transfer(student: str) -> Path:
+    """A MobileBERT student after layer-wise knowledge transfer (before pre-training distillation)."""
+    return MODELS / "transfer" / student
+
+
 def general_student(student: str) -> Path:
     return MODELS / "general" / student
 

@@ -41,6 +41,9 @@ MICRO = {
         "micro-minilm": {"recipe": "minilm", "shape": {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 32}},
         "micro-distilbert": {"recipe": "distilbert", "init": {"teacher_layers": [1]},
                              "shape": {"layers": 1, "hidden": 32, "heads": 2, "intermediate": 64, "arch": "distilbert"}},
+        "micro-mobilebert": {"recipe": "mobilebert", "shape": {"preset": "mobilebert-tiny", "layers": 2, "hidden": 32,
+                                                               "heads": 2, "intermediate": 16, "intra": 8,
+                                                               "embedding": 32}},
     },
     "general_distillation": {"epochs": 1, "lr": 1e-3, "batch_size": 32, "max_length": 32},
     "task_distillation": {"intermediate": {"epochs": 1, "lr": 1e-3, "batch_size": 32},
@@ -107,11 +110,17 @@ def test_pipeline_writes_summary_report_and_registry(prefect_project):
     record = json.loads((project / "metrics" / "registry" / "micro-demo.json").read_text())
     assert record["uri"] == "models:/micro-demo@champion"
     assert (project / "metrics" / "curves" / "task_distillation-micro-demo.csv").is_file()
-    # every recipe ran its own stages: MiniLM's teacher assistant, DistilBERT's pre-training distillation
+    # every recipe ran its own stages: MiniLM's teacher assistant, DistilBERT's pre-training distillation,
+    # MobileBERT's IB teacher, progressive transfer (one stage per layer) and pre-training distillation (eq. 4)
     assert (project / "models" / "assistant" / "micro-minilm" / "model" / "config.json").is_file()
     curve = (project / "metrics" / "curves" / "general_distillation-micro-distilbert.csv").read_text()
     assert "train_soft_target_loss" in curve and "train_cosine_loss" in curve
-    for name in ("micro-minilm", "micro-distilbert"):
+    assert (project / "models" / "ib-teacher" / "micro-mobilebert" / "model" / "config.json").is_file()
+    transfer = (project / "metrics" / "curves" / "knowledge_transfer-micro-mobilebert.csv").read_text()
+    assert "train_feature_map_loss" in transfer and "layer" in transfer.splitlines()[0]
+    curve = (project / "metrics" / "curves" / "general_distillation-micro-mobilebert.csv").read_text()
+    assert "train_pretraining_distillation_loss" in curve
+    for name in ("micro-minilm", "micro-distilbert", "micro-mobilebert"):
         assert summary["demo"][name]["params"] < teacher["params"]
         assert json.loads((project / "metrics" / "registry" / f"{name}-demo.json").read_text())["alias"] == "champion"
 
@@ -120,7 +129,7 @@ def test_pipeline_writes_summary_report_and_registry(prefect_project):
 def test_rerun_hits_the_cache_for_every_stage(prefect_project):
     project, _, first_s = prefect_project
     stamps = {p.name: p.stat().st_mtime_ns for p in (project / ".prefect" / "stamps").iterdir()}
-    assert len(stamps) == 21  # every stage and item ran once
+    assert len(stamps) == 27  # every stage and item ran once
     t0 = time.perf_counter()
     run([sys.executable, "-m", "flows.pipeline"], project)
     second_s = time.perf_counter() - t0

@@ -56,7 +56,7 @@ def mlm_teacher(vocab: int, layers: int = 4, hidden: int = 32, heads: int = 2, i
 
 def test_demo_has_one_student_per_recipe():
     p = parse_params(demo())
-    assert {r.recipe for r in p.students.values()} == {"tinybert", "minilm", "distilbert"}
+    assert {r.recipe for r in p.students.values()} == {"tinybert", "minilm", "distilbert", "mobilebert"}
     assert isinstance(p.students["distilbert-demo"], DistilBertRecipe)
     # paper defaults come from the recipe when params give none
     assert dict(p.students["distilbert-demo"].weights.weights) == {"soft_target_loss": 5.0, "mlm_loss": 2.0,
@@ -64,6 +64,10 @@ def test_demo_has_one_student_per_recipe():
     assert p.students["distilbert-demo"].temperature == 2.0
     assert dict(p.students["minilm-demo"].weights.weights) == {"attention_kl": 1.0, "value_relation_kl": 1.0}
     assert p.students["tinybert-demo"].weights.active() == ("attention_loss", "hidden_loss", "embedding_loss")
+    mobile = p.students["mobilebert-demo"]
+    assert (mobile.transfer, mobile.lower_layer_lr_scale, mobile.alpha, mobile.ib_teacher.init) == (
+        "progressive", 0.1, 0.5, "convert")
+    assert mobile.weights.active() == ("feature_map_loss", "attention_transfer_loss")
 
 
 def test_student_without_recipe_is_tinybert():
@@ -169,7 +173,11 @@ def test_pipeline_items_follow_the_recipes():
 
     p = parse_params(demo())
     assert items("teacher_assistant", p) == ["minilm-demo"]  # demo: 2 x 64 student of a 4 x 128 teacher
-    assert set(items("general_distillation", p)) == {"tinybert-demo", "minilm-demo", "distilbert-demo"}
+    assert set(items("general_distillation", p)) == {"tinybert-demo", "minilm-demo", "distilbert-demo",
+                                                     "mobilebert-demo"}
+    assert items("ib_teacher", p) == items("knowledge_transfer", p) == ["mobilebert-demo"]
+    mobile = [str(d) for d in _general_deps(p, "mobilebert-demo")]  # pre-training distillation after the transfer
+    assert any("ib-teacher" in d for d in mobile) and any("transfer" in d for d in mobile)
     assert any("assistant" in str(d) for d in _general_deps(p, "minilm-demo"))  # distilled from the assistant
     assert not any("assistant" in str(d) for d in _general_deps(p, "tinybert-demo"))
 

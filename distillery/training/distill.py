@@ -11,9 +11,13 @@ and returns the weighted sum of the objectives of `distillery.objectives`:
                            TinyBERT prediction stage:  L_pred (eq. 10), soft CE at temperature t
                            MiniLM: KL of last-layer attention (eq. 6) + value relation (eqs. 7-9)
                            DistilBERT: 5 L_ce + 2 L_mlm + 1 L_cos
+                           MobileBERT: L_FMT (eq. 2) + L_AT (eq. 3) of the mapped layers;
+                                       L_PD = alpha L_MLM + (1 - alpha) L_KD + L_NSP (eq. 4)
 
 The Trainer sees one model, so its optimiser, gradient clipping (the official TinyBERT code clips the projection
 too), checkpoints, resume, best-model loading and DDP all cover the projection with no private-method overrides.
+Parameter groups with their own learning rates (MobileBERT's progressive transfer) reach the Trainer through its
+public `optimizers` argument (`param_groups`).
 The exported student is saved alone (`save_pretrained`); the projection goes beside it
 (`distill_state.safetensors`). Prediction-layer distillation may read teacher logits from a `teacher_logits`
 column (see `distillery.training.logits_cache`) instead of running the teacher.
@@ -48,6 +52,7 @@ from distillery.objectives import (
     hidden_loss,
     mlm_loss,
     prediction_loss,
+    pretraining_distillation_loss,
     regression_prediction_loss,
     relation_kl,
     soft_target_loss,
@@ -69,19 +74,22 @@ INTERMEDIATE = (
 )
 #: Objectives computed from the output logits (prediction stage).
 PREDICTION = ("prediction_loss", "regression_prediction_loss")
-#: DistilBERT's pre-training distillation on MLM logits and last hidden states.
-PRETRAINING = ("soft_target_loss", "mlm_loss", "cosine_loss")
-#: Objectives each stage can compute, and the paper default of each (a RECIPES entry).
+#: Pre-training distillation on MLM logits (and last hidden states): DistilBERT's three, MobileBERT's eq. 4.
+PRETRAINING = ("soft_target_loss", "mlm_loss", "cosine_loss", "pretraining_distillation_loss")
+#: Objectives each stage can compute, and the paper default of each (a RECIPES entry). Pre-training also computes
+#: MobileBERT's layer-wise terms (its auxiliary knowledge transfer: layer-wise + eq. 4 in one loss).
 STAGE_OBJECTIVES: dict[str, tuple[str, ...]] = {
-    "intermediate": INTERMEDIATE, "prediction": PREDICTION, "both": INTERMEDIATE + PREDICTION, "pretraining": PRETRAINING,
+    "intermediate": INTERMEDIATE, "prediction": PREDICTION, "both": INTERMEDIATE + PREDICTION,
+    "pretraining": PRETRAINING + ("feature_map_loss", "attention_transfer_loss"),
 }
 DEFAULT_OBJECTIVES: dict[str, str] = {
     "intermediate": "tinybert-intermediate", "prediction": "tinybert-prediction", "both": "tinybert-task",
     "pretraining": "distilbert",
 }
 TEACHER_LOGITS = "teacher_logits"
+NSP_LABELS = "next_sentence_label"
 #: Batch keys the Distiller reads; every other dataset column is dropped by the collator.
-BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", TEACHER_LOGITS)
+BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", NSP_LABELS, TEACHER_LOGITS)
 
 
 @dataclass
@@ -92,6 +100,7 @@ class DistillSettings:
     regression_target: STS-B prediction loss against the teacher (default) or gold (official code).
     official_attention_masking: TinyBERT eq. 7 with the official -10000/zeroing semantics (default) or
         the paper's valid-pairs-only MSE. n_relation_heads: MiniLM v2 relation heads for `relation_kl`.
+    feature_map_normalized: MobileBERT eq. 2 in the official normalised form. mlm_alpha: eq. 4's alpha.
     """
 
     objectives: ObjectiveWeights
@@ -103,6 +112,7 @@ class DistillSettings:
     official_attention_masking: bool = True
     n_relation_heads: int = 12
     feature_map_normalized: bool = False
+    mlm_alpha: float = 0.5
     active: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -325,6 +335,7 @@ class Distiller(nn.Module):
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
         labels: Tensor | None = None,
+        next_sentence_label: Tensor | None = None,
         teacher_logits: Tensor | None = None,
     ) -> DistillerOutput:
         inputs = {k: v for k, v in (("input_ids", input_ids), ("attention_mask", attention_mask),
@@ -342,6 +353,7 @@ class Distiller(nn.Module):
             teacher_out, teacher_cap = self.teacher_forward(inputs)
         with capture(self.student, **self._student_cap) as student_cap:
             s_out = self.student(**s_in)
+        s_logits = _mlm_logits(s_out)
         terms: dict[str, Tensor] = {}
         if s.intermediate:
             terms.update(intermediate_losses(s, student_cap, teacher_cap, attention_mask, self.projection))
@@ -350,9 +362,16 @@ class Distiller(nn.Module):
                 teacher_out.logits if teacher_out is not None else None)
             terms.update(prediction_losses(s, s_out.logits, t_logits, labels))
         if s.pretraining:
-            terms.update(pretraining_losses(s, s_out.logits, teacher_out.logits, labels, attention_mask,
-                                            student_cap, teacher_cap))
-        return DistillerOutput(loss=s.objectives.combine(terms), logits=getattr(s_out, "logits", None), terms=terms)
+            nsp = (getattr(s_out, "seq_relationship_logits", None), next_sentence_label)
+            terms.update(pretraining_losses(s, s_logits, _mlm_logits(teacher_out), labels, attention_mask,
+                                            student_cap, teacher_cap, nsp))
+        return DistillerOutput(loss=s.objectives.combine(terms), logits=s_logits, terms=terms)
+
+
+def _mlm_logits(output) -> Tensor | None:
+    """The logits of a model output (`prediction_logits` of a `*ForPreTraining` model: its MLM head)."""
+    logits = getattr(output, "prediction_logits", None)
+    return logits if logits is not None else getattr(output, "logits", None)
 
 
 def _tied_keys(module: nn.Module) -> list[str]:
@@ -370,10 +389,18 @@ def _tied_keys(module: nn.Module) -> list[str]:
 
 def pretraining_losses(
     settings: DistillSettings, s_logits: Tensor, t_logits: Tensor, labels: Tensor | None, attention_mask: Tensor | None,
-    student_cap, teacher_cap,
+    student_cap, teacher_cap, nsp: tuple[Tensor | None, Tensor | None] = (None, None),
 ) -> dict[str, Tensor]:
-    """DistilBERT's L_ce (soft targets at temperature T over non-pad tokens), L_mlm and L_cos (last hidden states)."""
+    """DistilBERT's L_ce (soft targets at temperature T over non-pad tokens), L_mlm and L_cos (last hidden states);
+    MobileBERT's eq. 4 on the masked positions, + NSP when the student has an NSP head and the batch NSP labels
+    (`nsp` = (student NSP logits, labels))."""
     out: dict[str, Tensor] = {}
+    if "pretraining_distillation_loss" in settings.active:
+        if labels is None:
+            raise ValueError("pretraining_distillation_loss needs masked-LM labels (a masking collator)")
+        nsp_logits, nsp_labels = nsp if nsp[0] is not None and nsp[1] is not None else (None, None)
+        out["pretraining_distillation_loss"] = pretraining_distillation_loss(
+            s_logits, t_logits, labels, settings.mlm_alpha, nsp_logits, nsp_labels)
     if "soft_target_loss" in settings.active:
         out["soft_target_loss"] = soft_target_loss(s_logits, t_logits, attention_mask, settings.temperature)
     if "mlm_loss" in settings.active:
@@ -467,6 +494,7 @@ def distill(
     official_attention_masking: bool = True,
     n_relation_heads: int = 12,
     feature_map_normalized: bool = False,
+    mlm_alpha: float = 0.5,
     projection: HiddenProjection | str | os.PathLike | None = None,
     per_layer_projection: bool = False,
     teacher_train_mode: bool = False,
@@ -477,6 +505,7 @@ def distill(
     args: Mapping[str, Any] | TrainingArguments | None = None,
     callbacks: Sequence[TrainerCallback] = (),
     resume: bool = True,
+    param_groups: Sequence[Mapping[str, Any]] | None = None,
     **overrides: Any,
 ) -> Path:
     """Distil `teacher` into `student`; return `output_dir/model` (student + tokenizer + distill_state + log).
@@ -489,7 +518,9 @@ def distill(
     validated against both models before training. `projection`: a directory / file of a saved
     `distill_state.safetensors` to continue from (e.g. the general student's), or a HiddenProjection.
     General distillation = no labels and no eval set. With an eval set and `compute_metrics`, the best
-    checkpoint on the main score is exported.
+    checkpoint on the main score is exported. `param_groups`: `[{"params": [...], "lr_scale": s}, ...]`, the only
+    parameters trained, each group at `s` x the learning rate (AdamW with the arguments' betas, epsilon and weight
+    decay, given to the Trainer through its public `optimizers` argument; the scheduler scales every group alike).
     """
     from distillery.models import num_heads
 
@@ -502,7 +533,7 @@ def distill(
         objectives=weights, layer_map=layer_map, stage=stage, temperature=temperature,
         prediction_reduction=prediction_reduction, regression_target=regression_target,
         official_attention_masking=official_attention_masking, n_relation_heads=n_relation_heads,
-        feature_map_normalized=feature_map_normalized,
+        feature_map_normalized=feature_map_normalized, mlm_alpha=mlm_alpha,
     )
     if (settings.intermediate or settings.pretraining) and teacher is None:
         raise ValueError(f"stage {stage!r} with objectives {settings.active} needs a teacher")
@@ -518,9 +549,12 @@ def distill(
         proj = make_projection(student, teacher, layer_map, shared=not per_layer_projection, init_from=projection)
     model = Distiller(student, teacher, settings, proj, teacher_train_mode=teacher_train_mode)
     has_eval = eval_dataset is not None and compute_metrics is not None
-    targs = train_arguments(output_dir, args, has_eval, **overrides)
+    # Evaluation labels are `labels` only: `next_sentence_label` is an input of eq. 4, and the Trainer would otherwise
+    # take every forward argument named *label* for one (and skip metrics for batches without it).
+    targs = train_arguments(output_dir, args, has_eval, **{"label_names": ["labels"], **overrides})
     if teacher is not None:
         teacher.to(targs.device)
+    optimizer = scaled_adamw(param_groups, targs) if param_groups is not None else None
     trainer = DistillationTrainer(
         model=model,
         args=targs,
@@ -530,6 +564,7 @@ def distill(
         processing_class=tokenizer,
         compute_metrics=trainer_metrics(compute_metrics, main_score) if has_eval else None,
         callbacks=list(callbacks),
+        optimizers=(optimizer, None),
     )
     trainer.train(resume_from_checkpoint=last_checkpoint(output_dir) if resume else None)
     metrics = trainer.evaluate() if has_eval else None
@@ -541,3 +576,20 @@ def distill(
             save_projection(proj, d)
 
     return save_final(output_dir, model.student, tokenizer, metrics=metrics, extra=extra)
+
+
+def scaled_adamw(param_groups: Sequence[Mapping[str, Any]], args: TrainingArguments) -> torch.optim.AdamW:
+    """AdamW over `[{"params": [...], "lr_scale": s}, ...]`: each group at `s` x `args.learning_rate`, weight decay on
+    matrices only (not on biases and normalisation vectors, like the Trainer's default), the arguments' betas/eps."""
+    groups = []
+    for g in param_groups:
+        params = [p for p in g["params"] if p.requires_grad]
+        lr = args.learning_rate * float(g.get("lr_scale", 1.0))
+        for decay in (True, False):
+            chosen = [p for p in params if (p.dim() >= 2) == decay]
+            if chosen:
+                groups.append({"params": chosen, "lr": lr, "weight_decay": args.weight_decay if decay else 0.0})
+    if not groups:
+        raise ValueError("param_groups: no trainable parameter")
+    return torch.optim.AdamW(groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
+                             eps=args.adam_epsilon)

@@ -113,3 +113,35 @@ def train_mlm(
     metrics = trainer.evaluate() if eval_ds is not None else None
     rows = rows_from_state(trainer.state.log_history)
     return save_final(output_dir, trainer.model, tokenizer, metrics=metrics, extra=lambda d: write_log(d / LOG_NAME, rows))
+
+
+def masked_lm_loss(
+    model: PreTrainedModel,
+    tokenizer,
+    texts: Sequence[str] | datasets.Dataset,
+    *,
+    max_length: int = 128,
+    mlm_probability: float = 0.15,
+    seed: int = 0,
+    batch_size: int = 64,
+) -> float:
+    """Mean cross-entropy over the masked tokens of `texts`, with masks drawn from `seed`: two models measured
+    with the same arguments see exactly the same masked inputs (e.g. a teacher and its IB-BERT conversion)."""
+    import torch
+
+    data = tokenize_texts(texts, tokenizer, max_length)
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=mlm_probability, seed=seed)
+    keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in data.column_names]
+    total, count = 0.0, 0
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(data), batch_size):
+            batch = collator([{k: data[i][k] for k in keys} for i in range(start, min(start + batch_size, len(data)))])
+            labels = batch.pop("labels")
+            logits = model(**batch).logits
+            sel = labels != -100
+            total += float(torch.nn.functional.cross_entropy(logits[sel].float(), labels[sel], reduction="sum"))
+            count += int(sel.sum())
+    model.train(was_training)
+    return total / max(count, 1)

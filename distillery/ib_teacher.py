@@ -1,0 +1,150 @@
+"""IB-BERT, MobileBERT's teacher (Sun et al., 2020, Sec. 3.1, Figure 1 (b), Tables 1-2).
+
+BERT with inverted bottlenecks: each layer reads the ``hidden_size``-wide *inter-block* feature map, projects it up
+to its own *intra-block* width (``intra_bottleneck_size``; BERT_LARGE's 1024), runs attention and the FFN there,
+and projects back down, with a residual connection at the inter-block width. The inter-block width equals the
+student's (512 for MobileBERT), so feature-map transfer (eq. 2) and attention transfer (eq. 3) compare teacher
+and student directly, with no projection. Built with transformers' ``MobileBertConfig`` (``use_bottleneck``, one
+FFN, LayerNorm, gelu; the presets ``ib-bert-large`` and ``ib-bert-large-intra512`` live in ``distillery.models``).
+
+Two ways to get one:
+
+* :func:`scratch_shape` + MLM pre-training (the paper): the student's depth, inter-block width, heads and
+  embedding, an intra-block width of twice the inter-block one and FFN 4 x intra (for the ``mobilebert``
+  student this is exactly IB-BERT_LARGE, 293M); query, key and value read the inter-block maps, as in the
+  official code.
+* :func:`convert_bert`: an existing BERT teacher with bottleneck projections inserted around each of its layers:
+  the BERT layer becomes the intra-block (its attention, with query/key/value reading the bottleneck output,
+  i.e. ``use_bottleneck_attention``, and its FFN, weights copied), the input/output bottleneck linears are new
+  (the identity when both widths agree), embeddings and MLM head are copied where the widths allow; then MLM
+  training continues until it is back near the original's MLM loss (measure both with
+  ``distillery.training.mlm.masked_lm_loss``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from distillery.models import IB_BERT, StudentShape, build_student
+
+__all__ = ["IBShapeError", "ib_teacher_shape", "scratch_shape", "converted_shape", "convert_bert", "embedding_of"]
+
+#: MobileBertConfig's own defaults for the embedding (used when a shape does not set them).
+_EMBEDDING_DEFAULTS = {"embedding_size": 128, "trigram_input": True}
+
+
+class IBShapeError(ValueError):
+    """An IB teacher that cannot teach this student (depth, width, heads or embedding differ)."""
+
+
+def embedding_of(shape: StudentShape) -> tuple[int, bool]:
+    """(embedding_size, trigram_input) of a MobileBERT shape (MobileBertConfig defaults when unset)."""
+    extra = {**_EMBEDDING_DEFAULTS, **dict(shape.extra)}
+    return int(extra["embedding_size"]), bool(extra["trigram_input"])
+
+
+def _student_embedding(student: StudentShape) -> dict[str, Any]:
+    size, trigram = embedding_of(student)
+    return {"embedding_size": size, "trigram_input": trigram}
+
+
+def scratch_shape(student: StudentShape, shape: StudentShape | None = None) -> StudentShape:
+    """The IB teacher trained from scratch: ``shape`` as given (checked against the student), or the student's
+    depth, inter-block width, heads and embedding with intra-block width 2 x inter and FFN 4 x intra."""
+    if shape is None:
+        intra = 2 * student.hidden
+        return StudentShape(student.layers, student.hidden, student.heads, 4 * intra, arch="mobilebert",
+                            extra={**IB_BERT, **_student_embedding(student), "intra_bottleneck_size": intra})
+    if shape.arch != "mobilebert":
+        raise IBShapeError(f"an IB teacher shape has arch mobilebert (bottlenecks), got {shape.arch}")
+    if embedding_of(shape) != embedding_of(student):
+        raise IBShapeError(f"the student copies the teacher's embedding: embedding size / trigram "
+                           f"{embedding_of(shape)} != the student's {embedding_of(student)}")
+    return shape
+
+
+def converted_shape(student: StudentShape, teacher) -> StudentShape:
+    """The IB teacher made from a BERT teacher (``teacher``: its ``distillery.recipes.Dims``): the teacher's depth,
+    heads and FFN, intra-block width = the teacher's hidden size, inter-block width and embedding = the student's;
+    query, key and value read the intra-block input (the BERT attention, unchanged)."""
+    if teacher.arch != "bert":
+        raise IBShapeError(f"init 'convert' inserts bottlenecks into a BERT teacher; the teacher is {teacher.arch}")
+    return StudentShape(
+        teacher.layers, student.hidden, teacher.heads, teacher.intermediate, arch="mobilebert",
+        extra={**IB_BERT, **_student_embedding(student), "intra_bottleneck_size": teacher.hidden,
+               "use_bottleneck_attention": True},
+    )
+
+
+def ib_teacher_shape(student: StudentShape, init: str, shape: StudentShape | None, teacher) -> StudentShape:
+    """The IB teacher's shape for a recipe's ``ib_teacher.init`` (``convert`` | ``scratch``)."""
+    return converted_shape(student, teacher) if init == "convert" else scratch_shape(student, shape)
+
+
+def _identity_(linear: nn.Linear) -> None:
+    nn.init.eye_(linear.weight)
+    nn.init.zeros_(linear.bias)
+
+
+def _copy_(dst: nn.Module, src: nn.Module) -> None:
+    dst.load_state_dict(src.state_dict())
+
+
+def convert_bert(bert: PreTrainedModel, student: StudentShape) -> PreTrainedModel:
+    """A ``MobileBertForMaskedLM`` IB teacher from a ``BertForMaskedLM`` (see the module docstring).
+
+    Copied: every layer's attention (query, key, value, output, LayerNorm) and FFN (intermediate, output,
+    LayerNorm) into the intra-block; the input bottleneck's LayerNorm takes the parameters of the LayerNorm that
+    produced the BERT layer's input. Word embeddings when the embedding width is the BERT width; position and
+    token-type embeddings, the embedding LayerNorm and the MLM transform when the inter-block width is; with
+    trigram input of that width, the embedding transformation starts as the identity on the middle token. The
+    bottleneck linears start as the identity when square, else at random; the MLM output bias is always copied.
+    """
+    from distillery.recipes import Dims
+
+    bc = bert.config
+    shape = converted_shape(student, Dims.of_config(bc))
+    shape = replace(shape, extra={**shape.extra, "hidden_act": bc.hidden_act, "layer_norm_eps": bc.layer_norm_eps,
+                                  "hidden_dropout_prob": bc.hidden_dropout_prob,
+                                  "attention_probs_dropout_prob": bc.attention_probs_dropout_prob,
+                                  "initializer_range": bc.initializer_range})
+    ib = build_student(shape, bc.vocab_size, head="mlm", base=bc)
+    cfg, d = ib.config, bc.hidden_size
+    b_emb, i_emb = bert.bert.embeddings, ib.mobilebert.embeddings
+    with torch.no_grad():
+        if cfg.embedding_size == d:
+            i_emb.word_embeddings.weight.copy_(b_emb.word_embeddings.weight)
+        if cfg.hidden_size == d:
+            for name in ("position_embeddings", "token_type_embeddings", "LayerNorm"):
+                _copy_(getattr(i_emb, name), getattr(b_emb, name))
+            if cfg.trigram_input and cfg.embedding_size == d:  # [next, current, previous] -> current
+                w = i_emb.embedding_transformation.weight
+                w.zero_()
+                w[:, d:2 * d] = torch.eye(d)
+                i_emb.embedding_transformation.bias.zero_()
+        below = b_emb.LayerNorm
+        for b_layer, i_layer in zip(bert.bert.encoder.layer, ib.mobilebert.encoder.layer):
+            for name in ("query", "key", "value"):
+                _copy_(getattr(i_layer.attention.self, name), getattr(b_layer.attention.self, name))
+            _copy_(i_layer.attention.output.dense, b_layer.attention.output.dense)
+            _copy_(i_layer.attention.output.LayerNorm, b_layer.attention.output.LayerNorm)
+            _copy_(i_layer.intermediate.dense, b_layer.intermediate.dense)
+            _copy_(i_layer.output.dense, b_layer.output.dense)
+            _copy_(i_layer.output.LayerNorm, b_layer.output.LayerNorm)
+            _copy_(i_layer.bottleneck.input.LayerNorm, below)
+            if cfg.hidden_size == d:
+                _identity_(i_layer.bottleneck.input.dense)
+                _identity_(i_layer.output.bottleneck.dense)
+            below = b_layer.output.LayerNorm
+        b_head, i_head = bert.cls.predictions, ib.cls.predictions
+        if cfg.hidden_size == d:
+            _copy_(i_head.transform.dense, b_head.transform.dense)
+            _copy_(i_head.transform.LayerNorm, b_head.transform.LayerNorm)
+        i_head.bias.copy_(b_head.bias)
+    ib.tie_weights()
+    return ib.train(bert.training)
