@@ -61,7 +61,7 @@ from distillery.objectives import (
 from distillery.models import num_layers
 from distillery.training.args import collator_for, train_arguments
 from distillery.training.distill_state import load_projection_into, save_projection
-from distillery.training.log import LOG_NAME, rows_from_state, write_log
+from distillery.training.log import LOG_NAME, quiet_progress, rows_from_state, write_log
 from distillery.training.metrics import MetricFn, trainer_metrics
 from distillery.training.saving import last_checkpoint, save_final
 
@@ -566,6 +566,7 @@ def distill(
         callbacks=list(callbacks),
         optimizers=(optimizer, None),
     )
+    quiet_progress(trainer)
     trainer.train(resume_from_checkpoint=last_checkpoint(output_dir) if resume else None)
     metrics = trainer.evaluate() if has_eval else None
     rows = rows_from_state(trainer.state.log_history)

@@ -22,7 +22,7 @@ from transformers import (
 )
 
 from distillery.training.args import train_arguments
-from distillery.training.log import LOG_NAME, rows_from_state, write_log
+from distillery.training.log import LOG_NAME, quiet_progress, rows_from_state, write_log
 from distillery.training.saving import last_checkpoint, save_final
 
 
@@ -109,6 +109,7 @@ def train_mlm(
         processing_class=tokenizer,
         callbacks=list(callbacks),
     )
+    quiet_progress(trainer)
     trainer.train(resume_from_checkpoint=last_checkpoint(output_dir) if resume else None)
     metrics = trainer.evaluate() if eval_ds is not None else None
     rows = rows_from_state(trainer.state.log_history)
