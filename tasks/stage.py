@@ -39,6 +39,11 @@ class Stage:
     params: Callable[[Params, str | None], dict[str, Any]]
     code: tuple[str, ...] = field(default=())  # the source files/packages whose content is the stage's code version
 
+    def __post_init__(self) -> None:
+        # every stage reads its params through distillery/config.py, where their defaults live: editing a default
+        # reruns the stage in the flow (its key) and in `dvc repro` (a dep of every stage in dvc.yaml)
+        object.__setattr__(self, "code", tuple(dict.fromkeys((*self.code, "distillery/config.py"))))
+
 
 @lru_cache(maxsize=4096)
 def _file_digest(path: str, size: int, mtime_ns: int) -> str:

@@ -141,3 +141,11 @@ def test_a_killed_run_leaves_nothing_that_misleads_the_next(tmp_path, params, mo
     other = params.model_copy(update={"finetune": params.finetune.model_copy(update={"lr": 1e-5})})
     execute_mod.prepare(s, other, None)  # changed learning rate: the old checkpoint must not be resumed
     assert not ckpt.exists()
+
+
+def test_every_stage_depends_on_the_code_that_holds_its_defaults(params):
+    """Defaults live in distillery/config.py: editing one must rerun the stages in the flow and in `dvc repro`."""
+    from flows.stages import STAGES
+
+    for name, st in STAGES.items():
+        assert "distillery/config.py" in st.code, name
