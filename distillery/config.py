@@ -42,6 +42,10 @@ class TrainSection(Section):
     warmup_ratio: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.01, ge=0)
     max_steps: int = Field(-1, ge=-1)
+    # A resume checkpoint every N optimizer steps (a killed run continues from the last one). None: every epoch
+    # where the stage evaluates on dev (fine-tuning, the grids), else every 500 steps. A stage that evaluates on dev
+    # then evaluates at every checkpoint, and keeps the best of those.
+    checkpoint_steps: int | None = Field(None, ge=1)
 
 
 class DataSection(Section):
@@ -158,6 +162,7 @@ class AugmentSection(Section):
     fast: bool = False
     max_examples: int | None = Field(None, ge=1)
     batch_size: int = Field(64, ge=1)
+    shard_size: int = Field(256, ge=1)  # examples per shard, written as it completes: a killed run resumes there
 
 
 class GeneralDistillationSection(TrainSection):
@@ -178,6 +183,7 @@ class GridSection(Section):
     batch_sizes: list[int] = Field(default_factory=lambda: [16, 32], min_length=1)
     epochs: float = Field(3.0, gt=0)
     warmup_ratio: float = Field(0.1, ge=0, lt=1)
+    checkpoint_steps: int | None = Field(None, ge=1)  # as in TrainSection
 
     @field_validator("lrs")
     @classmethod
@@ -232,6 +238,32 @@ class RegistrySection(Section):
     promote_margin: float = Field(0.0, ge=0)
 
 
+class DistributedSection(Section):
+    """Data-parallel training: each training stage (pre-training, teacher fine-tuning, teacher assistant, general
+    and task distillation, baselines) runs on `nproc_per_node` processes of this machine under `torchrun
+    --standalone` (DistributedDataParallel); 1 is one process, no launcher. Every batch size in params is the
+    global batch, split evenly across the processes. backend: "auto" (NCCL on GPUs, gloo on CPUs), gloo or nccl."""
+
+    nproc_per_node: int = Field(1, ge=1)
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+
+
+class OrchestrationSection(Section):
+    """How the Prefect flow schedules the stages (no stage's cache key reads it). Stages run as a DAG: each waits only
+    for the stages whose outputs it reads, and independent ones run at once, at most `max_workers`, on `runner`:
+    "threads" (a thread pool in the flow's process) or "dask" (prefect-dask; `dask_address` of a running Dask
+    scheduler, or a local cluster when empty). Stages that compute on the device (training, the MLM of augmentation)
+    hold one of `device_slots` while they run, and evaluation (it measures latency) holds them all. With 1 slot (the
+    default, right for one CPU or one GPU shared by models this small) device stages run one at a time and the
+    outputs are bit-identical to a sequential run; more slots overlap training on a large device (random streams
+    then depend on timing)."""
+
+    runner: Literal["threads", "dask"] = "threads"
+    max_workers: int = Field(4, ge=1)
+    device_slots: int = Field(1, ge=1)
+    dask_address: str = ""
+
+
 class Params(Section):
     seed: int = 42
     data: DataSection = DataSection()
@@ -246,6 +278,8 @@ class Params(Section):
     task_distillation: TaskDistillationSection = TaskDistillationSection()
     evaluation: EvaluationSection = EvaluationSection()
     registry: RegistrySection = RegistrySection()
+    distributed: DistributedSection = DistributedSection()
+    orchestration: OrchestrationSection = OrchestrationSection()
 
     @field_validator("students", mode="before")
     @classmethod
@@ -258,6 +292,25 @@ class Params(Section):
         for name in v:
             if not name.replace("-", "").replace("_", "").isalnum():
                 raise ValueError(f"student name {name!r} must be letters, digits, '-' or '_'")
+        return v
+
+    @field_validator("distributed")
+    @classmethod
+    def _batches_split_evenly(cls, v: DistributedSection, info: ValidationInfo) -> DistributedSection:
+        """Every batch size is the global batch: it must split evenly across the processes (sections that failed
+        their own validation are not in `info.data` and are skipped)."""
+        n, d = v.nproc_per_node, info.data
+        td = d.get("task_distillation")
+        batches = {f"{k}.batch_size": [d[k].batch_size] for k in ("pretrain", "finetune", "general_distillation")
+                   if k in d}
+        if td is not None:
+            batches.update({"task_distillation.intermediate.batch_size": [td.intermediate.batch_size],
+                            "task_distillation.prediction.batch_sizes": td.prediction.batch_sizes,
+                            "task_distillation.finetune.batch_sizes": td.finetune.batch_sizes})
+        for key, values in batches.items():
+            if any(b % n for b in values):
+                raise ValueError(f"nproc_per_node={n} does not divide {key} ({', '.join(map(str, values))}): every "
+                                 f"batch size in params is the global batch, split evenly across the processes")
         return v
 
 
@@ -393,7 +446,8 @@ def _check_model_ref(name: str, root: Path, key: str, path: str, what: str = "mo
         return Path(cached)
     if _hub_offline():
         raise ConfigError(f"{path}: {key}: {name!r} is not a directory ({local} not found) and not in the Hugging "
-                          "Face cache, and the Hub is offline (HF_HUB_OFFLINE); give a local model directory")
+                          "Face cache, and the Hub is offline (HF_HUB_OFFLINE); give a local model directory, or run "
+                          "with HF_HUB_OFFLINE=0 to download it")
     return None
 
 

@@ -184,7 +184,7 @@ def learn_word_vectors(
     pmi = np.log(m.data * total / (row_sum[m.row] * col_sum[m.col]))
     ppmi = coo_matrix((np.maximum(pmi, 0), (m.row, m.col)), shape=(n, n)).tocsr()
     k = min(dim, n - 2)
-    u, s, _ = svds(ppmi, k=k)
+    u, s, _ = svds(ppmi, k=k, random_state=0)  # its own start vector: no global random state
     vectors = u * np.sqrt(s)
     if k < dim:
         vectors = np.pad(vectors, ((0, 0), (0, dim - k)))

@@ -39,6 +39,27 @@ def task_score(task: str, metrics: Mapping[str, Any]) -> float | None:
         return sum(present.values()) / len(present)
 
 
+#: the summary's key for the averages over its tasks (not a task)
+AVERAGE = "average"
+
+
+def averages(main: Mapping[str, Mapping[str, float]], teacher: str) -> dict[str, dict[str, Any]]:
+    """model -> its mean main score over the tasks, for the models scored on every task (`main`: task -> model ->
+    main score); beside each other model, `retention` (its average over the teacher's average, the papers'
+    "retains 96.8% of its teacher") and `mean_task_retention` (the mean of its per-task retentions)."""
+    tasks = list(main)
+    common = [m for m in main[tasks[0]] if all(m in main[t] for t in tasks)] if tasks else []
+    out: dict[str, dict[str, Any]] = {}
+    for model in common:
+        out[model] = {"main": sum(main[t][model] for t in tasks) / len(tasks), "tasks": tasks}
+    if teacher in out and out[teacher]["main"]:
+        for model, row in out.items():
+            if model != teacher and all(main[t][teacher] for t in tasks):
+                row["retention"] = row["main"] / out[teacher]["main"]
+                row["mean_task_retention"] = sum(main[t][model] / main[t][teacher] for t in tasks) / len(tasks)
+    return out
+
+
 def _latency_ms(value: Any) -> float | None:
     if value is None:
         return None
@@ -62,7 +83,7 @@ def build_rows(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], *, latenc
     """
     if not isinstance(summary, Mapping) or not summary:
         raise ReportError("summary must be a non-empty {task: {model: {metric: value}}} mapping")
-    tasks = list(summary)
+    tasks = [t for t in summary if t != AVERAGE]
     models: dict[str, dict[str, Any]] = {}
     for task in tasks:
         per_model = summary[task]

@@ -3,8 +3,9 @@
     python -m flows.deploy --cron "0 3 * * *" [--params params.yaml | --preset local]
 
 Each scheduled run executes `flows.pipeline.pipeline` with the chosen params file; unchanged stages hit the
-Prefect cache, so a nightly run only recomputes what new data, code or params changed. For a Prefect server
-with workers instead, see the README ("Schedule").
+Prefect cache, so a nightly run only recomputes what new data, code or params changed. `flow.serve` needs no work
+pool and no worker; for a Prefect server with work pools and workers (other machines, GPUs, containers), deploy
+from prefect.yaml instead: see the README ("Scale out").
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Generate `dvc.yaml` from the stage declarations (`flows.stages`), so DVC and Prefect share one source of truth:
+"""Generate `dvc.yaml` from the stage declarations (`flows.stages`), so DVC and Prefect share one source of truth
+(and, after the Prefect flow, record what it made in `dvc.lock`: `record`):
 
     python -m flows.dvc                      # write dvc.yaml for params.yaml
     python -m flows.dvc --check              # exit 1 when dvc.yaml differs from what would be generated
@@ -173,6 +174,32 @@ def render(params_path: str | os.PathLike = "params.yaml") -> str:
             text = yaml.dump({key: spec}, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=1000)
             blocks.append("".join(f"  {line}\n" for line in text.splitlines()))
     return HEADER.format(params=params_arg or "params.yaml") + "stages:\n" + "\n".join(blocks)
+
+
+def record(params_path: str | os.PathLike, done: list[tuple[str, str | None]]) -> str | None:
+    """After the Prefect flow: record the stages it completed (ran, or found fresh) in `dvc.lock` with `dvc commit`, so
+    that `dvc repro` afterwards reruns none of them (DVC would otherwise see no lock entry, delete the outputs and run
+    them again). Only in a DVC repository whose `dvc.yaml` is the one generated for `params_path` (else the lock would
+    pair these outputs with other params). Outputs are left in place (`--no-relink`). Returns a line for the console
+    when the lock could not be updated, None otherwise (also when the project is not a DVC repository)."""
+    import subprocess
+
+    from flows.stages import STAGES
+    from tasks.execute import curve_name
+
+    if not (ROOT / ".dvc").is_dir() or not done:
+        return None
+    dvc_yaml = ROOT / "dvc.yaml"
+    if not dvc_yaml.is_file() or dvc_yaml.read_text(encoding="utf-8") != render(params_path):
+        return (f"dvc.lock not updated: dvc.yaml is not generated for {params_path} "
+                f"(`python -m flows.dvc --params {params_path}`); `dvc repro` will rerun these stages")
+    names = [curve_name(STAGES[name], item) for name, item in done]
+    proc = subprocess.run([sys.executable, "-m", "dvc", "commit", "--force", "--no-relink", "--quiet", *names],
+                          cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        reason = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        return f"dvc.lock not updated: `dvc commit` failed: {reason}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,18 +4,25 @@
 
 corpus -> task data -> teacher MLM pre-training -> word vectors -> teacher fine-tuning -> augmentation ->
 general distillation -> task distillation (intermediate, then the prediction grid) -> evaluation ->
-registry -> report. Every stage is a Prefect task with a content-addressed cache key (stage, code version,
-the params that matter, fingerprints of its inputs; see tasks.stage), so an unchanged re-run hits the cache
-for every heavy task, and a changed parameter reruns only what depends on it. One MLflow parent run per
-flow run, a nested run per executed stage.
+registry -> report, as a DAG: every (stage, item) is a Prefect task submitted as a future that waits only for
+the stages whose outputs it reads (flows.stages.upstream, the graph `dvc.yaml` declares), so independent ones
+run at once on the task runner of params `orchestration` (a thread pool, or Dask), with at most
+`device_slots` device stages at a time. Every task has a content-addressed cache key (stage, code version, the
+params that matter, fingerprints of its inputs; see tasks.stage), so an unchanged re-run is `Cached` for every
+task, and a changed parameter reruns only what depends on it. One MLflow parent run per flow run, a nested run
+per executed stage. In a DVC repository, the stages the flow completed are then recorded in `dvc.lock`
+(flows.dvc.record), so `dvc repro` afterwards runs none of them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import logging
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +34,8 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from distillery.config import ConfigError, Params, load_params
 from distillery.errors import EXIT_USER_ERROR, UserError, debug_requested, report
-from flows.stages import STAGES, items
+from flows import dvc as dvc_lock
+from flows.stages import STAGES, Node, upstream
 from tasks import paths, tracking
 from tasks.execute import execute, label, say
 from tasks.stage import Stage, is_fresh, stage_key
@@ -39,32 +47,109 @@ def _prefect_task(stage: Stage):
     def key(_context, parameters: dict[str, Any]) -> str:
         return stage_key(stage, parameters["params"], parameters["item"])
 
-    @task(name=stage.name, cache_key_fn=key, persist_result=True, task_run_name="{item}",
-          result_serializer="json")
-    def run(params: Params, item: str | None, parent_run_id: str | None) -> dict[str, Any]:
-        return execute(stage, params, item, parent_run_id, say_cached=False)  # run_stage said it
+    @task(name=stage.name, cache_key_fn=key, persist_result=True, result_serializer="json")
+    def run(params: Params, item: str | None, parent_run_id: str | None, say_cached: bool) -> dict[str, Any]:
+        if stage.device and not is_fresh(stage, params, item):
+            with device_slots(params.orchestration.device_slots).hold(exclusive=stage.device == "exclusive"):
+                return execute(stage, params, item, parent_run_id, say_cached=say_cached)
+        return execute(stage, params, item, parent_run_id, say_cached=say_cached)
 
     return run
 
 
 PREFECT_TASKS = {name: _prefect_task(stage) for name, stage in STAGES.items()}
 
+#: The first stage that distils: the teacher gate (every teacher beat its trivial baseline) is checked before it.
+FIRST_DISTILLATION = "teacher_assistant"
 
-def run_stage(name: str, p: Params, item: str | None, parent_run_id: str | None) -> dict[str, Any]:
-    """Call a stage's Prefect task. The stamp decides (tasks.stage.is_fresh): a stale stage bypasses Prefect's result
-    cache; a fresh one is a Prefect cache hit, or runs no body when Prefect's store misses (after `dvc repro`)."""
-    stage, prefect_task = STAGES[name], PREFECT_TASKS[name]
-    if is_fresh(stage, p, item):
-        say(f"{label(stage, item)}: cached")
-    else:
-        prefect_task = prefect_task.with_options(refresh_cache=True)
-    return prefect_task(p, item, parent_run_id)
+
+class DeviceSlots:
+    """At most `n` device stages at once in this process; an exclusive one (latency) waits for all `n`."""
+
+    def __init__(self, n: int):
+        self.n, self.free = n, threading.BoundedSemaphore(n)
+        self.exclusive = threading.Lock()  # one exclusive holder gathers slots at a time: no deadlock between two
+
+    @contextlib.contextmanager
+    def hold(self, *, exclusive: bool = False):
+        count = self.n if exclusive else 1
+        with self.exclusive if exclusive else contextlib.nullcontext():
+            for _ in range(count):
+                self.free.acquire()
+        try:
+            yield
+        finally:
+            for _ in range(count):
+                self.free.release()
+
+
+@functools.lru_cache(maxsize=None)
+def device_slots(n: int) -> DeviceSlots:
+    """The device's slots, shared by every flow run in this process."""
+    return DeviceSlots(n)
+
+
+def task_runner(p: Params):
+    """The Prefect task runner that `orchestration` names."""
+    o = p.orchestration
+    if o.runner == "dask":
+        try:
+            from prefect_dask import DaskTaskRunner
+        except ImportError as exc:
+            raise UserError("orchestration.runner: dask needs prefect-dask (pip install -e '.[cluster]')") from exc
+        if o.dask_address:
+            return DaskTaskRunner(address=o.dask_address)
+        return DaskTaskRunner(cluster_kwargs={"n_workers": 1, "threads_per_worker": o.max_workers,
+                                              "processes": False, "dashboard_address": None})
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    return ThreadPoolTaskRunner(max_workers=o.max_workers)
+
+
+def submit_stages(runner, p: Params, parent_run_id: str) -> tuple[dict, list[str]]:
+    """Submit every (stage, item) once the stages whose outputs it reads are submitted, waiting for them
+    (`wait_for`: the DAG Prefect shows). A stage whose producers were all fresh when it was submitted is checked now:
+    fresh, it is a Prefect cache hit (`Cached`), or runs no body when Prefect's result store misses (after `dvc
+    repro`); otherwise its body decides when its inputs exist (runs, or says `cached` when they came out the same).
+    Before the first distillation stage, the fine-tuned teachers must pass the gate. Returns the futures and the gate's
+    messages (empty when every teacher passed)."""
+    from prefect.futures import wait
+
+    graph = upstream(p)
+    futures: dict[Node, Any] = {}
+    fresh: set[Node] = set()
+    order = list(STAGES)
+    gated = False
+    for node, producers in graph.items():
+        name, item = node
+        if not gated and order.index(name) >= order.index(FIRST_DISTILLATION):
+            teachers = [f for (n, _), f in futures.items() if n == "finetune_teacher"]
+            wait(teachers)
+            if any(not f.state.is_completed() for f in teachers):
+                return futures, []  # the failure is reported from its future
+            if failed := _failed_teachers(p):
+                return futures, failed
+            gated = True
+        stage = STAGES[name]
+        prefect_task = PREFECT_TASKS[name].with_options(task_run_name=label(stage, item))  # as on the console
+        if all(u in fresh for u in producers) and is_fresh(stage, p, item):
+            fresh.add(node)
+            say(f"{label(stage, item)}: cached")
+            say_cached = False
+        else:
+            prefect_task = prefect_task.with_options(refresh_cache=True)
+            say_cached = True
+        futures[node] = runner.submit(prefect_task, {"params": p, "item": item, "parent_run_id": parent_run_id,
+                                                     "say_cached": say_cached},
+                                      wait_for=[futures[u] for u in producers])
+    return futures, []
 
 
 @flow(name="distillery-pipeline")
 def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
-    """Run every stage. A user error (bad params, input file, model; a teacher that failed the gate) stops the run:
-    its one-line message is printed last (``error: ...``) and returned in the result's "stopped"."""
+    """Run every stage as a DAG (see `submit_stages`). A user error (bad params, input file, model; a teacher that
+    failed the gate) stops the run: its one-line message is printed last (``error: ...``) and returned in the
+    result's "stopped"; stages that do not depend on the failed one still finish."""
     try:
         p = load_params(params_file, inputs=True, root=env.ROOT)
     except UserError as exc:
@@ -72,32 +157,41 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
             raise
         return _stopped([str(exc)], {})
     started = time.perf_counter()
-    timings: dict[str, float] = {}
     with tracking.run("pipeline", params={"params_file": params_file}) as parent:
-        parent_id = parent.info.run_id
         import mlflow
+        from prefect.futures import wait
 
-        for name in STAGES:
-            for item in items(name, p):
-                t0 = time.perf_counter()
-                try:
-                    run_stage(name, p, item, parent_id)
-                except UserError as exc:
-                    mlflow.set_tag("stopped", f"{name}[{item or ''}]: {exc}"[:5000])
-                    if debug_requested([]):
-                        raise
-                    return _stopped([str(exc)], timings)
-                timings[f"{name}[{item}]" if item else name] = round(time.perf_counter() - t0, 2)
-            if name == "finetune_teacher" and (failed := _failed_teachers(p)):
-                mlflow.set_tag("stopped", "teacher gate")
-                return _stopped(failed, timings)
-
+        with task_runner(p) as runner:
+            futures, failed_teachers = submit_stages(runner, p, parent.info.run_id)
+            wait(list(futures.values()))
+        done: list[Node] = []
+        timings: dict[str, float] = {}
+        for (name, item), future in futures.items():  # in sequential order: the first failure is the one reported
+            if future.state.is_completed():
+                done.append((name, item))
+                seconds = (future.result() or {}).get("seconds")
+                if seconds is not None:
+                    timings[f"{name}[{item}]" if item else name] = seconds
+                continue
+            error = future.result(raise_on_failure=False) if future.state.is_failed() else None
+            if isinstance(error, UserError):
+                mlflow.set_tag("stopped", f"{name}[{item or ''}]: {error}"[:5000])
+                if debug_requested([]):
+                    raise error
+                return _stopped([str(error)], timings)
+            if isinstance(error, BaseException):
+                raise error
+        if failed_teachers:
+            mlflow.set_tag("stopped", "teacher gate")
+            return _stopped(failed_teachers, timings)
         mlflow.log_metrics({f"seconds.{k.replace('[', '.').replace(']', '').replace(':', '.')}": v
                             for k, v in timings.items()})
         mlflow.log_artifact(str(paths.summary()))
         if (paths.REPORTS / "table.md").is_file():
             mlflow.log_artifacts(str(paths.REPORTS), artifact_path="reports")
     _publish(p)
+    if (problem := dvc_lock.record(params_file, done)) is not None:  # one cache truth: `dvc repro` reruns nothing
+        say(problem)
     total = round(time.perf_counter() - started, 1)
     print(f"pipeline finished in {total} s; summary: {paths.summary()}")
     return {"seconds": total, "stages": timings, "summary": str(paths.summary())}

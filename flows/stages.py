@@ -41,3 +41,29 @@ def items(stage: str, p: Params) -> list[str | None]:
         "register": pairs if p.registry.enabled else [],
         "report": [None],
     }[stage]
+
+
+Node = tuple[str, "str | None"]  # (stage name, item)
+
+
+def nodes(p: Params) -> list[Node]:
+    """Every (stage, item) the pipeline runs under `p`, in a valid sequential order."""
+    return [(name, item) for name in STAGES for item in items(name, p)]
+
+
+def upstream(p: Params) -> dict[Node, list[Node]]:
+    """Each node's producers: the earlier nodes with an output that is, holds or lies inside one of its inputs. The
+    same deps and outs that `dvc.yaml` declares, so the flow's DAG and DVC's are one graph."""
+    from pathlib import Path
+
+    def overlap(a: Path, b: Path) -> bool:
+        return a == b or a in b.parents or b in a.parents
+
+    made: dict[Node, list[Path]] = {}
+    graph: dict[Node, list[Node]] = {}
+    for node in nodes(p):
+        stage = STAGES[node[0]]
+        deps = [Path(d).resolve() for d in stage.deps(p, node[1])]
+        graph[node] = [other for other, outs in made.items() if any(overlap(d, o) for d in deps for o in outs)]
+        made[node] = [Path(o).resolve() for o in stage.outs(p, node[1])]
+    return graph

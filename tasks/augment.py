@@ -7,6 +7,8 @@ from typing import Any
 
 from tasks import paths
 from tasks.data import resolve, vectors_path
+from tasks.execute import shards_dir
+from tasks.launch import distributed, distributed_params
 from tasks.stage import Stage
 from tasks.teacher import load_task, teacher_gate
 
@@ -37,14 +39,18 @@ def run_augment(p: Params, task: str) -> dict[str, Any]:
     mlm = load_mlm_checked(source).eval()  # a checkpoint without an MLM head is an error, not a random head
     if torch.cuda.is_available():
         mlm = mlm.cuda()
-    vectors = load_word_vectors(vectors_path(p), max_words=p.word_vectors.max_words,
-                                cache_dir=paths.word_vectors_dir() / "cache")
+    from distillery.training.distributed import main_process_first
+
+    with main_process_first():  # under a launcher rank 0 writes the vectors' binary cache, the others read it
+        vectors = load_word_vectors(vectors_path(p), max_words=p.word_vectors.max_words,
+                                    cache_dir=paths.word_vectors_dir() / "cache")
     train = load_task(task)["train"]
     if p.augment.max_examples is not None and len(train) > p.augment.max_examples:
         train = train.select(range(p.augment.max_examples))
     config = AugmentConfig(k=p.augment.k, p_t=p.augment.p_t, n_aug=p.augment.n_aug, seed=p.seed,
-                           batch_size=p.augment.batch_size, fast=p.augment.fast)
-    out = augment_dataset(train, task, mlm, tokenizer, vectors, config, paths.augmented(task))
+                           batch_size=p.augment.batch_size, fast=p.augment.fast, chunk_size=p.augment.shard_size)
+    out = augment_dataset(train, task, mlm, tokenizer, vectors, config, paths.augmented(task),
+                          shards=shards_dir(paths.augmented(task)))
     rows = sum(1 for _ in open(out, encoding="utf-8")) - 1
     return {"metrics": {"source_examples": len(train), "augmented_rows": rows}}
 
@@ -57,11 +63,11 @@ def _deps(p: Params, task: str) -> list[Path]:
 
 
 AUGMENT = Stage(
-    "augment", run_augment,
+    "augment", distributed(run_augment), device="shared",
     deps=_deps,
     outs=lambda p, t: [paths.augmented(t)],
     params=lambda p, t: {"seed": p.seed, "augment": p.augment.model_dump(mode="json"),
                          "max_words": p.word_vectors.max_words,
-                         "min_gain_over_trivial": p.finetune.min_gain_over_trivial},
+                         "min_gain_over_trivial": p.finetune.min_gain_over_trivial, **distributed_params(p)},
     code=("distillery/augment", "distillery/glue", "tasks/augment.py", "tasks/teacher.py"),
 )

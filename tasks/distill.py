@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from tasks import paths
+from tasks.launch import distributed, distributed_params
 from tasks.stage import Stage, split_item
-from tasks.teacher import finish, load_task, teacher_gate, teacher_source, train_options
+from tasks.teacher import checkpoint_options, finish, load_task, teacher_gate, teacher_source, train_options
 
 from distillery.config import Params
 
@@ -210,14 +211,16 @@ def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
         # Step 1: intermediate layers on the augmented set, continuing the general student's projection.
         from distillery.models import num_layers
 
-        model = start()
-        step1 = distill(teacher, model, train, None, out / "intermediate",
-                        layer_map=_layer_map(recipe, num_layers(model), num_layers(teacher)),
-                        objectives=recipe.weights, stage="intermediate",
-                        projection=paths.general_student(student) / "model" if recipe.runs_general else None,
-                        tokenizer=tokenizer, args=train_options(p.task_distillation.intermediate, p.seed),
-                        **recipe.options())
-        shutil.rmtree(out / "intermediate" / "checkpoints", ignore_errors=True)
+        step1 = out / "intermediate" / "model"
+        if not (step1 / "config.json").is_file():  # else finished before an interruption, under this stage key
+            model = start()
+            step1 = distill(teacher, model, train, None, out / "intermediate",
+                            layer_map=_layer_map(recipe, num_layers(model), num_layers(teacher)),
+                            objectives=recipe.weights, stage="intermediate",
+                            projection=paths.general_student(student) / "model" if recipe.runs_general else None,
+                            tokenizer=tokenizer, args=train_options(p.task_distillation.intermediate, p.seed),
+                            **recipe.options())
+        finish(out / "intermediate")
         curve = step1 / "train_log.csv"
         # Step 2: prediction layer over the grid; teacher logits computed once and reused by every run.
         grid = prediction_grid(teacher, lambda: AutoModelForSequenceClassification.from_pretrained(str(step1), **labels),
@@ -239,17 +242,21 @@ def _grid_args(p: Params, task: str, g, tokenizer) -> dict[str, Any]:
     compute, main = glue_metrics(task)
     return dict(compute_metrics=compute, main_score=main, learning_rates=g.lrs, batch_sizes=g.batch_sizes,
                 epochs=g.epochs, tokenizer=tokenizer, warmup_steps=g.warmup_ratio, seed=p.seed,
-                per_device_eval_batch_size=64, save_total_limit=1, logging_steps=5)
+                per_device_eval_batch_size=64, save_total_limit=1, logging_steps=5,
+                **checkpoint_options(g.checkpoint_steps))
 
 
 def _keep_best(grid, out: Path) -> dict[str, Any]:
-    """Copy the grid's best run to out/model (atomically), drop the runs' checkpoints, report the choice."""
+    """Copy the grid's best run to out/model (atomically), drop the runs' checkpoints, report the choice (the files:
+    rank 0, under a launcher)."""
     from distillery.io import atomic_dir
+    from distillery.training.distributed import is_main
 
     for run in grid.results:
-        shutil.rmtree(Path(run["model_dir"]).parent / "checkpoints", ignore_errors=True)
-    with atomic_dir(out / "model") as tmp:
-        shutil.copytree(grid.best_dir, tmp, dirs_exist_ok=True)
+        finish(Path(run["model_dir"]).parent)
+    if is_main():
+        with atomic_dir(out / "model") as tmp:
+            shutil.copytree(grid.best_dir, tmp, dirs_exist_ok=True)
     best = grid.best
     return {"artifacts": [str(grid.best_dir.parent.parent / "grid.json")], "curve": grid.best_dir / "train_log.csv",
             "metrics": {"best_lr": best["learning_rate"], "best_batch_size": best["batch_size"],
@@ -317,41 +324,42 @@ def _task_deps(p: Params, item: str) -> list[Path]:
 
 def _student_params(p: Params, s: str) -> dict[str, Any]:
     return {"seed": p.seed, "student": p.students[s].model_dump(mode="json"),
-            "general_distillation": p.general_distillation.model_dump(mode="json")}
+            "general_distillation": p.general_distillation.model_dump(mode="json"), **distributed_params(p)}
 
 
 TEACHER_ASSISTANT = Stage(
-    "teacher_assistant", run_teacher_assistant,
+    "teacher_assistant", distributed(run_teacher_assistant), device="shared",
     deps=lambda p, s: [paths.corpus()] + _teacher_source_deps(p),
     outs=lambda p, s: [paths.teacher_assistant(s) / "model"],
     params=_student_params,
     code=TRAINING_CODE + ("tasks/distill.py",),
 )
 GENERAL_DISTILLATION = Stage(
-    "general_distillation", run_general_distillation,
+    "general_distillation", distributed(run_general_distillation), device="shared",
     deps=_general_deps,
     outs=lambda p, s: [paths.general_student(s) / "model"],
     params=_student_params,
     code=TRAINING_CODE + ("distillery/corpus.py", "distillery/ib_teacher.py", "tasks/distill.py", "tasks/transfer.py"),
 )
 BASELINE = Stage(
-    "baseline", run_baseline,
+    "baseline", distributed(run_baseline), device="shared",
     deps=lambda p, item: [paths.task_data(split_item(item)[1]), paths.teacher(split_item(item)[1]) / "model"]
     + _checkpoint_deps(p, split_item(item)[0]),
     outs=lambda p, item: [paths.baseline(*split_item(item)) / "model"],
     params=lambda p, item: {"seed": p.seed, "max_length": p.data.max_length,
                             "student": p.students[split_item(item)[0]].model_dump(mode="json"),
-                            "direct_finetune": p.task_distillation.finetune.model_dump(mode="json")},
+                            "direct_finetune": p.task_distillation.finetune.model_dump(mode="json"),
+                            **distributed_params(p)},
     code=TRAINING_CODE + ("distillery/glue", "tasks/distill.py", "tasks/teacher.py"),
 )
 TASK_DISTILLATION = Stage(
-    "task_distillation", run_task_distillation,
+    "task_distillation", distributed(run_task_distillation), device="shared",
     deps=_task_deps,
     outs=lambda p, item: [paths.student(*split_item(item)) / "model"],
     params=lambda p, item: {"seed": p.seed, "max_length": p.data.max_length,
                             "student": p.students[split_item(item)[0]].model_dump(mode="json"),
                             "augment": p.augment.enabled,
                             "task_distillation": p.task_distillation.model_dump(mode="json"),
-                            "min_gain_over_trivial": p.finetune.min_gain_over_trivial},
+                            "min_gain_over_trivial": p.finetune.min_gain_over_trivial, **distributed_params(p)},
     code=TRAINING_CODE + ("distillery/glue", "tasks/distill.py", "tasks/teacher.py"),
 )

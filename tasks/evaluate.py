@@ -143,7 +143,7 @@ def run_report(p: Params, _: str | None) -> dict[str, Any]:
     if p.data.max_eval_examples:
         notes.append(f"Dev scores on a random subset of at most {p.data.max_eval_examples} examples per task "
                      "(data.max_eval_examples), not the full dev split.")
-    failed = [t for t, models in summary.items() if not models["teacher"]["passed_gate"]]
+    failed = [t for t in p.data.tasks if not summary[t]["teacher"]["passed_gate"]]
     if failed:
         notes.append(f"No retention for {', '.join(failed)}: the teacher did not beat the trivial baseline by "
                      f"finetune.min_gain_over_trivial.")
@@ -176,12 +176,20 @@ def _summary(p: Params) -> dict[str, Any]:
     trivial baseline (`trivial`), the students, their int8 exports and their direct baselines (`<s>-direct`,
     with `baseline_of`). Retention (main dev score over the teacher's) is given only when the teacher passed
     the gate (beat the trivial baseline by `finetune.min_gain_over_trivial`); each student also gets
-    `gain_over_direct`, its main score minus its direct baseline's."""
+    `gain_over_direct`, its main score minus its direct baseline's. Under `average`: each model's mean main score
+    over the tasks and, when every teacher passed its gate, the students' retention of the teacher's average
+    (and the mean of their per-task retentions)."""
+    from distillery.report import AVERAGE, averages
+
     summary: dict[str, Any] = {}
+    main: dict[str, dict[str, float]] = {}
+    all_passed = True
     for task in p.data.tasks:
         results = json.loads(paths.evaluation(task).read_text())
         teacher_main = results["teacher"]["main"]
         passed = beats_trivial(p, teacher_main, results["trivial"]["main"])
+        all_passed = all_passed and passed
+        main[task] = {name: r["main"] for name, r in results.items()}
         summary[task] = {}
         for name, r in results.items():
             entry = {k: v for k, v in r.items() if k != "main"}
@@ -194,6 +202,12 @@ def _summary(p: Params) -> dict[str, Any]:
             summary[task][name] = entry
             if "int8_main_change" in r:  # the student's int8 ONNX export, as a row of its own
                 summary[task][f"{name}-int8"] = _int8_entry(r, teacher_main if passed else None)
+    average = averages(main, "teacher")
+    # no retention for a teacher that failed its gate, nor for the trivial baseline (as in the per-task rows)
+    average = {m: {k: v for k, v in r.items() if "retention" not in k} if m == "trivial" or not all_passed else r
+               for m, r in average.items()}
+    if len(p.data.tasks) > 1:
+        summary[AVERAGE] = average
     return summary
 
 
@@ -212,7 +226,7 @@ def _int8_entry(r: dict[str, Any], teacher_main: float | None) -> dict[str, Any]
 
 
 EVALUATE = Stage(
-    "evaluate", run_evaluate,
+    "evaluate", run_evaluate, device="exclusive",
     deps=lambda p, t: [paths.task_data(t), *evaluated_models(p, t).values(), *baselines(p, t).values()],
     outs=lambda p, t: [paths.evaluation(t), paths.predictions(t)] + ([paths.export(s, t) for s in p.students] if p.evaluation.export_onnx else []),
     params=lambda p, t: {"max_length": p.data.max_length, "evaluation": p.evaluation.model_dump(mode="json")},

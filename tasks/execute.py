@@ -1,8 +1,9 @@
 """Run one stage for one item: the body, its MLflow run, its training curve for DVC plots, its stamp.
 
 A fresh stage (`tasks.stage.is_fresh`) is not run again. Before a stage runs, what a killed earlier run left
-behind is cleaned: temporary files of atomic writes, and resume checkpoints that were written under another
-key (other params, code or inputs), so a run resumes only from checkpoints its own key made.
+behind is cleaned: temporary files of atomic writes, and resume state (Trainer checkpoints, finished steps and grid
+runs, finished shards) that was written under another key (other params, code or inputs), so a run resumes only
+from work its own key made; the console line says what it resumes.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ def execute(stage: Stage, params: Params, item: str | None = None, parent_run_id
             say(f"{label(stage, item)}: cached")
         return {"cached": True, "outs": [str(o) for o in stage.outs(params, item)]}
     name = curve_name(stage, item)
-    prepare(stage, params, item)
-    say(f"{label(stage, item)}: started")
+    resumed = prepare(stage, params, item)
+    say(f"{label(stage, item)}: started" + (f" (resuming: {', '.join(_rel(p) for p in resumed)})" if resumed else ""))
     started = time.perf_counter()
     with tracking.run(name, params=stage.params(params, item), parent_run_id=parent_run_id,
                       tags={"stage": stage.name, "item": item or ""}):
@@ -53,28 +54,42 @@ def execute(stage: Stage, params: Params, item: str | None = None, parent_run_id
                 shutil.copyfile(result["curve"], tmp)
         tracking.log_result(result)
     _started_file(stage, item).unlink(missing_ok=True)
-    say(f"{label(stage, item)}: done in {time.perf_counter() - started:.0f} s")
+    seconds = time.perf_counter() - started
+    say(f"{label(stage, item)}: done in {seconds:.0f} s")
     result = {k: (str(v) if isinstance(v, Path) else v) for k, v in result.items()}
     result["outs"] = [str(o) for o in stage.outs(params, item)]
+    result["seconds"] = round(seconds, 2)
     return result
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(paths.ROOT)) if path.is_relative_to(paths.ROOT) else str(path)
 
 
 def _started_file(stage: Stage, item: str | None) -> Path:
     return STAMPS / f"{stage.name}@{item or '-'}.started"
 
 
-def prepare(stage: Stage, params: Params, item: str | None) -> None:
+def prepare(stage: Stage, params: Params, item: str | None) -> list[Path]:
     """Clean up after a killed run of this stage: leftover temporary files of atomic writes (`.NAME.*.tmp`,
-    `.NAME.old`) and resume checkpoints that another key made; then record the key this run starts under."""
+    `.NAME.old`), and the resume state that another key made; record the key this run starts under. Returns the
+    resume state kept (this key's own interrupted work)."""
     key = stage_key(stage, params, item)
     started = _started_file(stage, item)
     same_key = started.is_file() and started.read_text().strip() == key
-    for out in map(Path, stage.outs(params, item)):
+    outs = [Path(o) for o in stage.outs(params, item)]
+    kept = []
+    for out in outs:
         _remove_leftovers(out)
-        if not same_key:
-            for ckpt in _checkpoint_dirs(out):
-                shutil.rmtree(ckpt, ignore_errors=True)
+        for state in resume_state(out, outs):
+            if same_key:
+                kept.append(state)
+            elif state.is_dir():
+                shutil.rmtree(state, ignore_errors=True)
+            else:
+                state.unlink(missing_ok=True)
     write_text(started, key + "\n")
+    return kept
 
 
 def _remove_leftovers(out: Path) -> None:
@@ -92,8 +107,17 @@ def _remove_leftovers(out: Path) -> None:
                     leftover.unlink(missing_ok=True)
 
 
-def _checkpoint_dirs(out: Path) -> list[Path]:
-    """Trainer resume checkpoints of a stage output: every `checkpoints/` in the training directory whose final
-    `model/` the output is (the grid's and step 1's runs included), or inside the output directory."""
-    base = out.parent if out.name == MODEL else out
-    return [d for d in base.rglob(CHECKPOINTS) if d.is_dir()] if base.is_dir() else []
+def shards_dir(out: Path) -> Path:
+    """Where a stage that writes one file keeps the shards it has finished: `<dir>/checkpoints/<file name>/`."""
+    return out.parent / CHECKPOINTS / out.name
+
+
+def resume_state(out: Path, outs: list[Path]) -> list[Path]:
+    """What an interrupted run left to resume from. A training output `<dir>/model`: everything else in `<dir>`
+    (Trainer checkpoints, finished steps, grid runs, layer stages, caches); a file: its finished shards; a directory:
+    Trainer checkpoints inside it."""
+    if out.name == MODEL:
+        return sorted(p for p in out.parent.iterdir() if p not in outs) if out.parent.is_dir() else []
+    if out.is_dir():
+        return [d for d in out.rglob(CHECKPOINTS) if d.is_dir()]
+    return [shards_dir(out)] if shards_dir(out).is_dir() else []

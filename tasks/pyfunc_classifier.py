@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 
 import mlflow
+import pandas as pd
 from mlflow.pyfunc import PythonModel
 
 
@@ -36,8 +37,6 @@ class SequenceClassifier(PythonModel):
         self.accepts = set(inspect.signature(self.model.forward).parameters)
 
     def _columns(self, model_input) -> tuple[list[str], list[str] | None]:
-        import pandas as pd
-
         df = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(
             [model_input] if isinstance(model_input, dict) and all(isinstance(v, str) for v in model_input.values())
             else model_input)
@@ -54,8 +53,8 @@ class SequenceClassifier(PythonModel):
             return texts, ["" if v is None else str(v) for v in df[second].tolist()]
         return texts, None
 
-    def predict(self, context, model_input, params=None):
-        import pandas as pd
+    # the type hint tells MLflow the input is tabular (its signature is logged explicitly): no type-hint advice
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         import torch
 
         texts, pairs = self._columns(model_input)

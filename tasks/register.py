@@ -17,12 +17,12 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from tasks import paths
+from tasks.provenance import git_commit, lock_outs
 from tasks.stage import Stage, fingerprint, split_item
 
 from distillery.config import Params
@@ -47,15 +47,6 @@ def params_hash(p: Params) -> str:
     return hashlib.sha256(json.dumps(p.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
 
 
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(paths.ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
-
-
 def _rel(path: Path) -> str:
     try:
         return path.resolve().relative_to(paths.ROOT.resolve()).as_posix()
@@ -65,16 +56,7 @@ def _rel(path: Path) -> str:
 
 def dvc_md5s(inputs: dict[str, Path]) -> dict[str, str]:
     """name -> the md5 `dvc.lock` records for that input (outputs of `dvc repro`), when there is one."""
-    lock = paths.ROOT / "dvc.lock"
-    if not lock.is_file():
-        return {}
-    import yaml
-
-    try:
-        stages = (yaml.safe_load(lock.read_text(encoding="utf-8")) or {}).get("stages") or {}
-    except yaml.YAMLError:
-        return {}
-    recorded = {o["path"]: o.get("md5") for s in stages.values() for o in (s.get("outs") or []) if "path" in o}
+    recorded = lock_outs(paths.ROOT)
     return {name: recorded[_rel(path)] for name, path in inputs.items() if recorded.get(_rel(path))}
 
 
@@ -198,6 +180,19 @@ def _already_registered(client, name: str, model_sha: str, metrics: dict[str, An
     return latest if same else None
 
 
+def _new_version(client, name: str, info):
+    """Register the logged model as a new version of `name` through the client API (the fluent
+    `registered_model_name=` prints two lines per version on stderr; this run prints its own one)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.create_registered_model(name)
+    except MlflowException as exc:
+        if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
+            raise
+    return client.create_model_version(name, source=info.model_uri, run_id=info.run_id, model_id=info.model_id)
+
+
 def _tag(value: Any) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
@@ -262,9 +257,9 @@ def run_register(p: Params, item: str) -> dict[str, Any]:
             model_config={"task": task, "labels": list(spec.labels), "regression": spec.is_regression,
                           "pair": spec.is_pair, "max_length": p.data.max_length},
             signature=_signature(spec.is_pair, spec.is_regression), input_example=_input_example(task, spec.is_pair),
-            pip_requirements=pip_requirements(), registered_model_name=name,
+            pip_requirements=pip_requirements(),
         )
-    version = str(info.registered_model_version)
+    version = str(_new_version(client, name, info).version)
 
     inputs = registry_inputs(student, task)
     tags: dict[str, Any] = {"task": task, "student": student, "recipe": p.students[student].recipe,
@@ -273,7 +268,7 @@ def run_register(p: Params, item: str) -> dict[str, Any]:
                             **{f"inputs.{k}.sha256": model_sha if k == "model" else fingerprint(v)
                                for k, v in inputs.items()},
                             **{f"inputs.{k}.dvc_md5": v for k, v in dvc_md5s(inputs).items()}}
-    if commit := git_commit():
+    if commit := git_commit(paths.ROOT):
         tags["git_commit"] = commit
     champion_main = None
     if champion is not None and champion.tags.get("dev.main") is not None:

@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from tasks.env import ROOT
 
@@ -38,6 +38,10 @@ class Stage:
     outs: Callable[[Params, str | None], list[Path]]
     params: Callable[[Params, str | None], dict[str, Any]]
     code: tuple[str, ...] = field(default=())  # the source files/packages whose content is the stage's code version
+    #: How the stage uses the device when the flow runs stages concurrently: "" reads and writes files (runs beside
+    #: anything; uses no global random state), "shared" computes on it (training, MLM inference: one device slot),
+    #: "exclusive" measures on it (latency: every slot).
+    device: Literal["", "shared", "exclusive"] = ""
 
     def __post_init__(self) -> None:
         # every stage reads its params through distillery/config.py, where their defaults live: editing a default
@@ -141,6 +145,13 @@ def run_stage(stage: Stage, params: Params, item: str | None) -> dict[str, Any]:
     """Run a stage body, then stamp its outputs with the key that made them and their fingerprints."""
     key = stage_key(stage, params, item)
     _stamp_path(stage, item).unlink(missing_ok=True)  # a killed run must not leave an old stamp that looks valid
+    if stage.device:
+        from transformers import set_seed
+
+        # A device stage starts from the same random state (random heads and students, dropout), whatever ran before
+        # it in this process: the flow runs many stages in one process, `dvc repro` one per process; both must agree.
+        # (File stages use their own seeded generators: they may run beside a training stage and must not reseed it.)
+        set_seed(params.seed)
     result = stage.run(params, item)
     write_text(_stamp_path(stage, item), json.dumps({"key": key, "outputs": _outputs(stage, params, item)},
                                                     indent=1, sort_keys=True) + "\n")

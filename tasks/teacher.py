@@ -9,6 +9,7 @@ from typing import Any
 
 from tasks import paths
 from tasks.data import resolve
+from tasks.launch import distributed, distributed_params
 from tasks.stage import Stage
 
 from distillery.config import Params, TrainSection
@@ -16,11 +17,13 @@ from distillery.errors import UserError
 
 
 def train_options(s: TrainSection, seed: int, **extra: Any) -> dict[str, Any]:
-    """TrainingArguments options from a params section."""
+    """TrainingArguments options from a params section (its batch size is the global batch of all processes)."""
+    from distillery.training.distributed import per_device_batch
+
     opts = {
         "num_train_epochs": s.epochs,
         "learning_rate": s.lr,
-        "per_device_train_batch_size": s.batch_size,
+        "per_device_train_batch_size": per_device_batch(s.batch_size),
         "per_device_eval_batch_size": max(s.batch_size, 64),
         "warmup_steps": s.warmup_ratio,  # transformers 5: a float in [0, 1) is a ratio of total steps
         "weight_decay": s.weight_decay,
@@ -28,14 +31,23 @@ def train_options(s: TrainSection, seed: int, **extra: Any) -> dict[str, Any]:
         "seed": seed,
         "save_total_limit": 1,
         "logging_steps": 5,
+        **checkpoint_options(s.checkpoint_steps),
     }
     opts.update(extra)
     return opts
 
 
+def checkpoint_options(steps: int | None) -> dict[str, Any]:
+    """TrainingArguments options for a resume checkpoint every `steps` optimizer steps (None: the loop's default)."""
+    return {} if steps is None else {"save_strategy": "steps", "save_steps": steps}
+
+
 def finish(output_dir: Path) -> Path:
-    """Drop the resume checkpoints once a stage has exported its final model."""
-    shutil.rmtree(output_dir / "checkpoints", ignore_errors=True)
+    """Drop the resume checkpoints once a stage has exported its final model (rank 0, under a launcher)."""
+    from distillery.training.distributed import is_main
+
+    if is_main():
+        shutil.rmtree(output_dir / "checkpoints", ignore_errors=True)
     return output_dir / "model"
 
 
@@ -172,19 +184,19 @@ def _finetune_source_deps(p: Params) -> list[Path]:
 
 
 PRETRAIN = Stage(
-    "pretrain", run_pretrain,
+    "pretrain", distributed(run_pretrain), device="shared",
     deps=lambda p, _: _pretrain_deps(p),
     outs=lambda p, _: [paths.teacher_mlm() / "model"],
     params=lambda p, _: {"seed": p.seed, "teacher": p.teacher.model_dump(mode="json"),
-                         "pretrain": p.pretrain.model_dump(mode="json")},
+                         "pretrain": p.pretrain.model_dump(mode="json"), **distributed_params(p)},
     code=("distillery/training", "distillery/models.py", "distillery/corpus.py", "tasks/teacher.py"),
 )
 FINETUNE_TEACHER = Stage(
-    "finetune_teacher", run_finetune_teacher,
+    "finetune_teacher", distributed(run_finetune_teacher), device="shared",
     deps=lambda p, t: [paths.task_data(t)] + _finetune_source_deps(p),
     outs=lambda p, t: [paths.teacher(t) / "model"],
     params=lambda p, t: {"seed": p.seed, "max_length": p.data.max_length,
                          "finetune": p.finetune.model_dump(mode="json", exclude={"min_gain_over_trivial"}),
-                         "teacher": p.teacher.model_dump(mode="json")},
+                         "teacher": p.teacher.model_dump(mode="json"), **distributed_params(p)},
     code=("distillery/training", "distillery/models.py", "distillery/glue", "tasks/teacher.py"),
 )

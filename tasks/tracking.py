@@ -2,7 +2,8 @@
 
 The tracking URI defaults to `sqlite:///<project>/mlflow.db` (tasks.env); MLFLOW_TRACKING_URI overrides it.
 Each run carries the host and process id that own it, so a run whose process was killed (it stays RUNNING
-forever otherwise) is marked FAILED when the next top-level run starts on that host.
+forever otherwise) is marked FAILED when the next top-level run starts on that host. A top-level run is tagged
+with its provenance: the git commit and what `dvc.lock` records of its inputs (tasks.provenance).
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ def run(name: str, *, params: dict[str, Any] | None = None, parent_run_id: str |
         close_orphans(experiment.experiment_id)
     kwargs = {"parent_run_id": parent_run_id, "nested": True} if parent_run_id else {}
     owner = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
-    with mlflow.start_run(run_name=name, tags={**(tags or {}), **owner}, **kwargs) as active:
+    from tasks.provenance import run_tags
+
+    provenance = {} if parent_run_id else run_tags()  # nested runs share their parent's
+    with mlflow.start_run(run_name=name, tags={**(tags or {}), **provenance, **owner}, **kwargs) as active:
         if params:
             mlflow.log_params({k: str(v)[:6000] for k, v in _flatten(params).items()})
         yield active

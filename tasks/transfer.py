@@ -138,7 +138,7 @@ def pretraining_distillation_deps(p: Params, student: str) -> list[Path]:
 
 
 IB_TEACHER = Stage(
-    "ib_teacher", run_ib_teacher,
+    "ib_teacher", run_ib_teacher, device="shared",
     deps=lambda p, s: [paths.corpus()] + _teacher_source_deps(p),
     outs=lambda p, s: [paths.ib_teacher(s) / "model"],
     params=lambda p, s: {"seed": p.seed, "student": p.students[s].model_dump(mode="json"),
@@ -146,7 +146,7 @@ IB_TEACHER = Stage(
     code=TRAINING_CODE + ("distillery/ib_teacher.py", "distillery/corpus.py", "tasks/transfer.py"),
 )
 KNOWLEDGE_TRANSFER = Stage(
-    "knowledge_transfer", run_knowledge_transfer,
+    "knowledge_transfer", run_knowledge_transfer, device="shared",
     deps=lambda p, s: [paths.corpus(), paths.ib_teacher(s) / "model"],
     outs=lambda p, s: [paths.knowledge_transfer(s) / "model"],
     params=_student_params,

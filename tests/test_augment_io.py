@@ -92,6 +92,33 @@ def test_augment_dataset_with_quotes_and_glue_reader(mlm_dir, tmp_path):
     assert ds["source_idx"] == [int(r["source_idx"]) for r in back]
 
 
+def test_sharded_augmentation_equals_one_pass_and_reuses_finished_shards(mlm_dir, tmp_path):
+    """Shards (the resume points of a killed augmentation) give the same file; a finished shard is not recomputed."""
+    model_dir, glove = mlm_dir
+    model = transformers.AutoModelForMaskedLM.from_pretrained(model_dir).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    vectors = load_word_vectors(glove, use_cache=False)
+    rows = [{"text_a": f"the {w} movie was {v} , a {u} plot", "label": i % 2}
+            for i, (w, v, u) in enumerate(zip(["good", "dull", "great", "bad", "charming"] * 2,
+                                              ["charming", "terrible", "dull", "good", "great"] * 2,
+                                              ["great", "wonderful", "bad", "dull", "good"] * 2))]
+    config = AugmentConfig(n_aug=4, seed=2, chunk_size=3)
+    whole = augment_dataset(rows, "sst2", model, tok, vectors, config, tmp_path / "whole.tsv", progress=False)
+    shards = tmp_path / "shards"
+    sharded = augment_dataset(rows, "sst2", model, tok, vectors, config, tmp_path / "sharded.tsv", progress=False,
+                              shards=shards)
+    assert sharded.read_bytes() == whole.read_bytes() and not shards.exists()
+    # a run killed after its first shard: that shard is reused as it is (here: marked), the rest computed
+    write_augmented([{"text_a": "from the first run", "label": 0, "source_idx": 0}], shards / "part-000000.tsv",
+                    pair=False)
+    resumed = augment_dataset(rows, "sst2", model, tok, vectors, config, tmp_path / "resumed.tsv", progress=False,
+                              shards=shards)
+    lines = resumed.read_text(encoding="utf-8").splitlines()
+    assert lines[1] == "from the first run\t0\t0"
+    first_shard_rows = sum(1 for r in read_augmented(whole) if int(r["source_idx"]) < 3)
+    assert lines[2:] == whole.read_text(encoding="utf-8").splitlines()[1 + first_shard_rows:]
+
+
 def test_cli_augments_a_glue_file(mlm_dir, tmp_path):
     from distillery.cli import main
 

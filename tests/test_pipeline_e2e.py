@@ -3,7 +3,9 @@
 - `python -m flows.pipeline` (Prefect, MLflow) writes metrics/summary.json and the report, registers the
   student, and an immediate re-run hits the cache for every stage;
 - the registered champion predicts labels for raw sentences through mlflow.pyfunc;
-- `dvc repro` runs the same stages; a second `dvc repro` does nothing;
+- the flow records what it made in dvc.lock: `dvc repro` after it runs nothing; and the reverse: `dvc repro`, then
+  the flow runs nothing; a default edited in distillery/config.py makes every stage stale for both;
+- the console holds one line per stage event (no warnings a user cannot act on);
 - the teacher gate stops a run whose teacher learned nothing, before any distillation;
 - the ablation command adds its variants through the same cached stages.
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -53,18 +56,24 @@ MICRO = {
 }
 
 
-def make_project(tmp: Path) -> Path:
+def make_project(tmp: Path, params: dict | None = None, *, dvc_yaml: bool = True) -> Path:
     for name in ("distillery", "tasks", "flows"):
         shutil.copytree(ROOT / name, tmp / name, ignore=shutil.ignore_patterns("__pycache__"))
-    (tmp / "params.yaml").write_text(yaml.safe_dump(MICRO))
-    run([sys.executable, "-m", "flows.dvc"], tmp)  # dvc.yaml for these params, from the stage declarations
+    (tmp / "params.yaml").write_text(yaml.safe_dump(params or MICRO))
+    if dvc_yaml:
+        run([sys.executable, "-m", "flows.dvc"], tmp)  # dvc.yaml for these params, from the stage declarations
     return tmp
 
 
-def run(cmd: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+def env_for(project: Path) -> dict[str, str]:
+    """The environment of a pipeline command in `project` (the project's own PREFECT_HOME and MLflow database)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
-    env["PYTHONPATH"] = str(cwd)
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    env["PYTHONPATH"] = str(project)
+    return env
+
+
+def run(cmd: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, env=env_for(cwd), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return proc
 
@@ -72,6 +81,7 @@ def run(cmd: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedPr
 @pytest.fixture(scope="module")
 def prefect_project(tmp_path_factory):
     project = make_project(tmp_path_factory.mktemp("pipeline"))
+    run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], project)  # the flow records its stages in dvc.lock
     t0 = time.perf_counter()
     first = run([sys.executable, "-m", "flows.pipeline"], project)
     first_s = time.perf_counter() - t0
@@ -139,6 +149,37 @@ def test_rerun_hits_the_cache_for_every_stage(prefect_project):
 
 
 @pytest.mark.slow
+def test_dvc_repro_after_the_flow_runs_no_stage(prefect_project):
+    """One cache truth: the flow recorded the stages it completed in dvc.lock, so DVC finds every one up to date."""
+    project, _, _ = prefect_project
+    stamps = {p.name: p.stat().st_mtime_ns for p in (project / ".prefect" / "stamps").iterdir()}
+    declared = set(yaml.safe_load((project / "dvc.yaml").read_text())["stages"])
+    assert set(yaml.safe_load((project / "dvc.lock").read_text())["stages"]) == declared
+    out = run([sys.executable, "-m", "dvc", "repro"], project).stdout
+    assert "Running stage" not in out
+    assert {p.name: p.stat().st_mtime_ns for p in (project / ".prefect" / "stamps").iterdir()} == stamps
+
+
+def stage_lines(console: str) -> list[str]:
+    """The console's lines other than progress bars (tqdm redraws with carriage returns)."""
+    lines = [line.strip() for line in console.replace("\r", "\n").splitlines()]
+    return [line for line in lines if line and not any(bar in line for bar in ("it/s]", "s/it]", "ex/s]", "%|"))]
+
+
+@pytest.mark.slow
+def test_console_has_one_line_per_stage_event(prefect_project):
+    """No warnings a user cannot act on (MLflow registration chatter, type-hint advice, load reports, evaluation
+    sub-bars): one line per stage event, the registry's decision, the summary."""
+    _, first, _ = prefect_project
+    lines = stage_lines(first.stdout + first.stderr)
+    expected = re.compile(r"^([a-z_]+(\[[^]]+\])?: (started|done in \d+ s)|register \S+ version \d+: .+|"
+                          r"pipeline finished in .+)$")
+    assert [line for line in lines if not expected.match(line)] == []
+    assert "\x1b[A" not in first.stderr  # a nested (evaluation) progress bar
+    assert len(lines) <= 2 * 27 + 4 + 1
+
+
+@pytest.mark.slow
 def test_champion_predicts_labels_for_raw_sentences(prefect_project):
     project, _, _ = prefect_project
     code = (
@@ -163,6 +204,23 @@ def test_dvc_repro_then_noop(tmp_path):
     assert "Running stage" not in out
     shown = run([sys.executable, "-m", "dvc", "metrics", "show", "--json"], project).stdout
     assert "accuracy" in shown
+    # the reverse: after `dvc repro` the flow finds every stage fresh and runs none
+    lines = stage_lines(run([sys.executable, "-m", "flows.pipeline"], project).stdout)
+    declared = yaml.safe_load((project / "dvc.yaml").read_text())["stages"]
+    assert not [line for line in lines if line.endswith(": started")]
+    assert len([line for line in lines if line.endswith(": cached")]) == len(declared)
+    # a default edited in distillery/config.py makes every stage stale, for DVC and for the flow
+    config = project / "distillery" / "config.py"
+    edited = config.read_text().replace("weight_decay: float = Field(0.01,", "weight_decay: float = Field(0.02,")
+    assert edited != config.read_text()
+    config.write_text(edited)
+    status = json.loads(run([sys.executable, "-m", "dvc", "status", "--json"], project).stdout)
+    assert set(status) == set(declared)
+    fresh = run([sys.executable, "-c", "from distillery.config import load_params\n"
+                 "from flows.stages import STAGES, items\nfrom tasks.stage import is_fresh\n"
+                 "p = load_params('params.yaml')\n"
+                 "print(sum(is_fresh(s, p, i) for n, s in STAGES.items() for i in items(n, p)))"], project).stdout
+    assert fresh.strip().splitlines()[-1] == "0"
 
 
 @pytest.mark.slow
@@ -189,8 +247,7 @@ def test_teacher_gate_stops_before_distillation(tmp_path):
               "students": {"micro": MICRO["students"]["micro"]}}
     project = make_project(tmp_path)
     (project / "params.yaml").write_text(yaml.safe_dump(params))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
-    proc = subprocess.run([sys.executable, "-m", "flows.pipeline"], cwd=project, env={**env, "PYTHONPATH": str(project)},
+    proc = subprocess.run([sys.executable, "-m", "flows.pipeline"], cwd=project, env=env_for(project),
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

@@ -4,7 +4,7 @@ import struct
 
 import pytest
 
-from distillery.report import ReportError, build_rows, read_loss_curve, render_markdown, write_report
+from distillery.report import AVERAGE, ReportError, averages, build_rows, read_loss_curve, render_markdown, write_report
 
 SUMMARY = {
     "sst2": {"teacher": {"params": 109_000_000, "flops": 22.3e9, "accuracy": 0.92},
@@ -27,6 +27,19 @@ def test_rows_scores_average_retention_speedup():
     assert tiny["retention"] == pytest.approx(tiny["avg"] / teacher["avg"])
     assert tiny["speedup"] == pytest.approx(10.0) and teacher["speedup"] == pytest.approx(1.0)
     assert teacher["retention"] is None
+
+
+def test_averages_retention_of_the_average_and_mean_of_retentions():
+    main = {"sst2": {"teacher": 0.864, "s": 0.852, "only_sst2": 0.5}, "cola": {"teacher": 0.278, "s": 0.235}}
+    avg = averages(main, "teacher")
+    assert set(avg) == {"teacher", "s"}  # only models scored on every task
+    assert avg["s"]["main"] == pytest.approx((0.852 + 0.235) / 2)
+    assert avg["s"]["retention"] == pytest.approx((0.852 + 0.235) / (0.864 + 0.278))  # the papers' "96.8%"
+    assert avg["s"]["mean_task_retention"] == pytest.approx((0.852 / 0.864 + 0.235 / 0.278) / 2)
+    assert "retention" not in avg["teacher"]
+    # the averages sit beside the tasks in the summary, and the report does not take them for a task
+    tasks, _ = build_rows({**SUMMARY, AVERAGE: {"teacher": {"main": 0.8}, "tiny4": {"main": 0.7, "retention": 0.9}}})
+    assert tasks == ["sst2", "mrpc", "stsb"]
 
 
 def test_markdown_layout_like_table1():

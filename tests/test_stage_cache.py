@@ -130,17 +130,19 @@ def test_a_killed_run_leaves_nothing_that_misleads_the_next(tmp_path, params, mo
 
     s, out, _ = _toy(tmp_path, monkeypatch)
     ckpt = out.parent / "checkpoints" / "checkpoint-10"
+    finished = out.parent / "grid" / "lr0.001-bs32" / "model"  # a finished step of the stage (e.g. a grid run)
     ckpt.mkdir(parents=True)
     leftover = out.parent / ".model.abc123.tmp"
     leftover.mkdir()
     execute_mod.prepare(s, params, None)  # the run that gets killed: no .started before, so no checkpoint is trusted
     assert not ckpt.exists() and not leftover.exists()
-    ckpt.mkdir(parents=True)  # ... it writes a checkpoint, then dies
-    execute_mod.prepare(s, params, None)  # same params, code and inputs: resume
-    assert ckpt.is_dir()
+    ckpt.mkdir(parents=True)  # ... it writes a checkpoint and finishes a step, then dies
+    finished.mkdir(parents=True)
+    kept = execute_mod.prepare(s, params, None)  # same params, code and inputs: resume
+    assert ckpt.is_dir() and finished.is_dir() and set(kept) == {out.parent / "checkpoints", out.parent / "grid"}
     other = params.model_copy(update={"finetune": params.finetune.model_copy(update={"lr": 1e-5})})
-    execute_mod.prepare(s, other, None)  # changed learning rate: the old checkpoint must not be resumed
-    assert not ckpt.exists()
+    assert execute_mod.prepare(s, other, None) == []  # changed learning rate: nothing old may be resumed
+    assert not ckpt.exists() and not finished.exists()
 
 
 def test_every_stage_depends_on_the_code_that_holds_its_defaults(params):

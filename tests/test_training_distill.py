@@ -180,3 +180,16 @@ def test_configuration_errors_before_training(task, tmp_path):
     with pytest.raises(ObjectiveConfigError, match="cosine_loss"):
         DistillSettings(ObjectiveWeights({"cosine_loss": 1.0}), build_layer_map("uniform", 2, 4))
     assert not (tmp_path / "model").exists()
+
+
+def test_projection_file_bytes_are_stable(tmp_path):
+    """The same projection saved twice gives the same bytes (a content fingerprint must not see a change)."""
+    from distillery.objectives import HiddenProjection
+    from distillery.training.distill_state import save_projection
+
+    torch.manual_seed(0)
+    proj = HiddenProjection(4, 8, n_states=2, shared=False)
+    files = [save_projection(proj, tmp_path / str(i)).read_bytes() for i in range(5)]
+    assert all(f == files[0] for f in files)
+    loaded = load_projection(tmp_path / "0")
+    assert (loaded.d_student, loaded.d_teacher, loaded.n_states, loaded.shared) == (4, 8, 2, False)

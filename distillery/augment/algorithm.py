@@ -259,17 +259,18 @@ class Augmenter:
         rng = rng or sentence_rng(self.config.seed, 0, "a")
         return sample_variants(analysis, candidates, n, self.config.p_t, rng, restore_case=self.config.restore_case)
 
-    def augment_rows(self, rows: Iterable[Mapping], task: str | None = None) -> Iterator[dict]:
+    def augment_rows(self, rows: Iterable[Mapping], task: str | None = None, *, start: int = 0) -> Iterator[dict]:
         """Augmented rows of GLUE-style examples (``text_a``, optional ``text_b``, ``label``, ``idx``).
 
         Yields dicts ``text_a`` [, ``text_b``], ``label``, ``source_idx``: the original example first,
         then the variants of text_a (text_b kept original), then those of text_b (text_a kept original);
         the official script's bug (rows of text_b carrying the last variant of text_a) is not reproduced.
-        Works in chunks of ``config.chunk_size`` examples, so memory stays flat on any input size.
+        Works in chunks of ``config.chunk_size`` examples, so memory stays flat on any input size. `start`: the
+        position of the first row in the whole set (the index of rows without ``idx``).
         """
         n_aug = self.config.n_aug if self.config.n_aug is not None else default_n_aug(task)
         chunk: list[Mapping] = []
-        position = 0
+        position = start
         for row in rows:
             chunk.append(row)
             if len(chunk) >= self.config.chunk_size:

@@ -13,6 +13,8 @@ from typing import Any, Mapping
 import torch
 from transformers import DataCollatorWithPadding, TrainingArguments, default_data_collator
 
+from distillery.training.distributed import cpu_only, launched
+
 #: Defaults that differ from `TrainingArguments`' own: no experiment trackers (the pipeline logs to MLflow
 #: itself from `train_log.csv`), a bounded number of checkpoints, frequent logging for loss curves, pinned
 #: memory only where there is a GPU to pin for.
@@ -52,6 +54,8 @@ def training_arguments(
     elif options is not None:
         values.update(options)
     values.update(overrides)
+    if launched() and cpu_only():
+        values.setdefault("use_cpu", True)  # N CPU processes under a launcher: one DDP group (gloo), not N runs
     unknown = sorted(set(values) - _FIELDS)
     if unknown:
         raise TrainArgsError(f"unknown training option(s) {unknown}; see transformers.TrainingArguments")
@@ -62,7 +66,8 @@ def training_arguments(
 
 
 def selection_args(overrides: dict[str, Any], has_eval: bool) -> dict[str, Any]:
-    """Evaluate and save every epoch and keep the best checkpoint on `"main"`, unless the caller says otherwise."""
+    """Evaluate and save every epoch (or both every `save_steps` when the caller saves by steps) and keep the best
+    checkpoint on `"main"`, unless the caller says otherwise."""
     if not has_eval:
         return overrides
     from distillery.training.metrics import MAIN
@@ -77,6 +82,10 @@ def selection_args(overrides: dict[str, Any], has_eval: bool) -> dict[str, Any]:
     out.update(overrides)
     if out.get("eval_strategy") == "steps" and "save_strategy" not in overrides:
         out["save_strategy"] = "steps"
+    if out.get("save_strategy") == "steps" and "eval_strategy" not in overrides:
+        # a checkpoint every N steps is evaluated too: the best checkpoint is chosen among those saved
+        out["eval_strategy"] = "steps"
+        out.setdefault("eval_steps", out.get("save_steps", DEFAULTS["save_steps"]))
     return out
 
 

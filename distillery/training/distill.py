@@ -16,6 +16,9 @@ and returns the weighted sum of the objectives of `distillery.objectives`:
 
 The Trainer sees one model, so its optimiser, gradient clipping (the official TinyBERT code clips the projection
 too), checkpoints, resume, best-model loading and DDP all cover the projection with no private-method overrides.
+Under `torchrun` the Trainer wraps the `Distiller` in DistributedDataParallel: the student and its projection are
+synchronised, the teacher (outside the module tree, no gradients) is a per-rank replica; see
+`distillery.training.distributed` (rank 0 writes the export).
 Parameter groups with their own learning rates (MobileBERT's progressive transfer) reach the Trainer through its
 public `optimizers` argument (`param_groups`).
 The exported student is saved alone (`save_pretrained`); the projection goes beside it
@@ -433,8 +436,12 @@ class DistillationTrainer(Trainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self._term_count:
-            for name, total in self._term_sums.items():
-                logs[f"train_{name}"] = round(float(total) / self._term_count, 6)
+            names = list(self._term_sums)
+            means = torch.stack([self._term_sums[n] for n in names]) / self._term_count
+            # under DDP each rank saw its share of every batch: the logged term is the mean over ranks, like `loss`
+            means = self.accelerator.reduce(means, reduction="mean")
+            for name, mean in zip(names, means.tolist()):
+                logs[f"train_{name}"] = round(mean, 6)
             self._term_sums, self._term_count = {}, 0
         super().log(logs, start_time)
 

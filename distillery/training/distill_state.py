@@ -17,6 +17,7 @@ from distillery.io import atomic_path
 from distillery.objectives import HiddenProjection
 
 STATE_NAME = "distill_state.safetensors"
+META_KEY = "distillery"
 
 
 def save_projection(projection: HiddenProjection, directory: str | os.PathLike) -> Path:
@@ -30,8 +31,8 @@ def save_projection(projection: HiddenProjection, directory: str | os.PathLike) 
         "n_states": str(projection.n_states),
     }
     tensors = {f"projection.{k}": v.detach().contiguous().cpu() for k, v in projection.state_dict().items()}
-    with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata=meta)
+    with atomic_path(path) as tmp:  # one metadata key: safetensors writes several in a random order (unstable bytes)
+        save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(meta, sort_keys=True)})
     return path
 
 
@@ -51,6 +52,7 @@ def load_projection(path: str | os.PathLike) -> HiddenProjection:
     f = state_file(path)
     with safe_open(str(f), framework="pt") as fh:
         meta = fh.metadata() or {}
+    meta = json.loads(meta[META_KEY]) if META_KEY in meta else meta  # else a file written with one key per field
     if meta.get("kind") != "HiddenProjection":
         raise ValueError(f"{f}: not a distillery projection state (metadata kind={meta.get('kind')!r})")
     proj = HiddenProjection(

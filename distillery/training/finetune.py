@@ -43,7 +43,11 @@ def finetune(
     """
     if eval_dataset is not None and compute_metrics is None:
         raise ValueError("an eval_dataset needs compute_metrics(predictions, labels) to select the best model")
-    targs = train_arguments(output_dir, args, eval_dataset is not None, **overrides)
+    # A sequence classifier's loss is its batch mean, which ignores the Trainer's token count; with
+    # `average_tokens_across_devices` the Trainer would still multiply it by the number of processes, so under DDP
+    # every gradient would be N times one process's (measured: clipping then trains a different model).
+    targs = train_arguments(output_dir, args, eval_dataset is not None,
+                            **{"average_tokens_across_devices": False, **overrides})
     trainer = Trainer(
         model=model,
         args=targs,

@@ -19,6 +19,7 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
 from distillery.io import write_json
 from distillery.training.distill import distill
+from distillery.training.distributed import is_main, main_process_first, per_device_batch
 from distillery.training.finetune import finetune
 from distillery.training.logits_cache import cache_teacher_logits
 from distillery.training.metrics import MetricFn
@@ -65,7 +66,8 @@ def prediction_grid(
     """Run prediction-layer distillation for every (lr, batch size); return the best run on dev + all results.
 
     `student` is the step-1 student (a directory, or a factory returning a fresh copy); every run starts from
-    it. Each run writes `output_dir/lr<lr>-bs<bs>/model`; `output_dir/grid.json` lists all results.
+    it. Each run writes `output_dir/lr<lr>-bs<bs>/model`; `output_dir/grid.json` lists all results. A batch size is
+    the global batch: under a launcher each of N processes trains on batch / N examples per step.
     Other keyword arguments go to `distill` (temperature, regression_target, TrainingArguments overrides...),
     or to `finetune` (TrainingArguments overrides) with `mode="finetune"`.
     """
@@ -77,18 +79,20 @@ def prediction_grid(
     train = train_dataset
     run_teacher: PreTrainedModel | None = teacher
     if cache and mode == "distill":
-        train = cache_teacher_logits(
-            teacher, train_dataset, cache_dir if cache_dir is not None else output_dir / "teacher_logits",
-            tokenizer=tokenizer, progress=not distill_kwargs.get("disable_tqdm", False),
-        )
+        # under a launcher rank 0 computes and writes the cache once; the other ranks then read the same file
+        with main_process_first():
+            train = cache_teacher_logits(
+                teacher, train_dataset, cache_dir if cache_dir is not None else output_dir / "teacher_logits",
+                tokenizer=tokenizer, progress=not distill_kwargs.get("disable_tqdm", False),
+            )
         run_teacher = None  # every run reads the cached column
     distill_kwargs.setdefault("warmup_steps", 0.1)
     results = []
     for lr in learning_rates:
         for bs in batch_sizes:
             name = f"lr{lr:g}-bs{bs}"
-            run = dict(compute_metrics=compute_metrics, main_score=main_score, tokenizer=tokenizer,
-                       learning_rate=lr, per_device_train_batch_size=bs, num_train_epochs=epochs, **distill_kwargs)
+            run = dict(compute_metrics=compute_metrics, main_score=main_score, tokenizer=tokenizer, learning_rate=lr,
+                       per_device_train_batch_size=per_device_batch(bs), num_train_epochs=epochs, **distill_kwargs)
             if mode == "finetune":
                 model_dir = finetune(_fresh(student), train, eval_dataset, output_dir / name, **run)
             else:
@@ -98,5 +102,6 @@ def prediction_grid(
             results.append({"name": name, "learning_rate": lr, "batch_size": bs, "model_dir": str(model_dir),
                             "main": metrics["eval_main"], "metrics": metrics})
     best = max(results, key=lambda r: r["main"])
-    write_json(output_dir / "grid.json", {"best": best["name"], "results": results})
+    if is_main():
+        write_json(output_dir / "grid.json", {"best": best["name"], "results": results})
     return GridResult(best_dir=Path(best["model_dir"]), best=best, results=results)

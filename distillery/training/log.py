@@ -45,7 +45,10 @@ class LossHistory(TrainerCallback):
 
 class QuietProgress(ProgressCallback):
     """The Trainer's progress bar, showing the latest loss on the bar instead of printing a dict per logging
-    step (every logged value still reaches `train_log.csv` and MLflow)."""
+    step (every logged value still reaches `train_log.csv` and MLflow), and no second bar per evaluation."""
+
+    def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
+        pass
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and self.training_bar is not None and logs and "loss" in logs:

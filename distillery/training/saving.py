@@ -7,7 +7,8 @@ Layout of an `output_dir` written by `train_mlm`, `finetune` or `distill`:
                                            train_log.csv, and for distillation distill_state.safetensors
                                            (projections; never inside model.safetensors)
 
-`output_dir/model` is written atomically (`distillery.io.atomic_dir`): it is complete or absent.
+`output_dir/model` is written atomically (`distillery.io.atomic_dir`): it is complete or absent. Under a
+launcher (`distillery.training.distributed`) rank 0 writes it and cleans checkpoints; the other ranks wait.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from transformers import PreTrainedModel
 from transformers.trainer_utils import get_last_checkpoint
 
 from distillery.io import atomic_dir, write_json
+from distillery.training.distributed import is_main, main_process_first, wait_for_everyone
 
 CHECKPOINTS = "checkpoints"
 MODEL = "model"
@@ -60,10 +62,11 @@ def last_checkpoint(output_dir: str | os.PathLike) -> str | None:
     import shutil
 
     ckpt = checkpoint_dir(output_dir)
-    while ckpt.is_dir() and (newest := get_last_checkpoint(str(ckpt))) is not None:
-        if checkpoint_complete(newest):
-            return newest
-        shutil.rmtree(newest)
+    with main_process_first():  # rank 0 removes incomplete checkpoints; the others then see what it kept
+        while ckpt.is_dir() and (newest := get_last_checkpoint(str(ckpt))) is not None:
+            if checkpoint_complete(newest):
+                return newest
+            shutil.rmtree(newest)
     return None
 
 
@@ -75,14 +78,17 @@ def save_final(
     metrics: dict | None = None,
     extra: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write `output_dir/model` atomically: `save_pretrained` (safetensors) + tokenizer + `extra(tmp_dir)`."""
+    """Write `output_dir/model` atomically: `save_pretrained` (safetensors) + tokenizer + `extra(tmp_dir)`. Under a
+    launcher, rank 0 writes it and every rank returns once it is written."""
     final = model_dir(output_dir)
-    with atomic_dir(final) as tmp:
-        model.save_pretrained(tmp)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        if metrics is not None:
-            write_json(tmp / "metrics.json", metrics)
-        if extra is not None:
-            extra(tmp)
+    if is_main():
+        with atomic_dir(final) as tmp:
+            model.save_pretrained(tmp)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+            if metrics is not None:
+                write_json(tmp / "metrics.json", metrics)
+            if extra is not None:
+                extra(tmp)
+    wait_for_everyone()
     return final

@@ -1,0 +1,58 @@
+"""The flow's DAG (flows.stages.upstream) and the device slots that bound concurrent device stages."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from tasks import env  # noqa: F401
+
+from distillery.config import load_params
+from flows.pipeline import DeviceSlots
+from flows.stages import STAGES, nodes, upstream
+
+
+def test_upstream_follows_the_declared_inputs_and_outputs():
+    p = load_params(env.ROOT / "params.yaml")
+    graph = upstream(p)
+    assert list(graph) == nodes(p)
+    assert graph[("prepare_corpus", None)] == [] and graph[("prepare_task", "demo")] == []
+    assert graph[("word_vectors", None)] == [("prepare_corpus", None)]  # independent of pre-training: overlaps it
+    assert ("augment", "demo") in graph[("task_distillation", "tinybert-demo:demo")]
+    assert ("augment", "demo") not in graph[("task_distillation", "minilm-demo:demo")]  # MiniLM uses no augmentation
+    assert ("task_distillation", "minilm-demo:demo") not in graph[("task_distillation", "tinybert-demo:demo")]
+    students = {("task_distillation", f"{s}:demo") for s in p.students}
+    assert students <= set(graph[("evaluate", "demo")])
+    order = {node: i for i, node in enumerate(graph)}
+    assert all(order[u] < order[node] for node, ups in graph.items() for u in ups)  # acyclic, in sequential order
+    devices = {name for name, stage in STAGES.items() if stage.device}
+    assert {"pretrain", "finetune_teacher", "augment", "task_distillation", "evaluate"} <= devices
+    assert not devices & {"prepare_corpus", "prepare_task", "word_vectors", "register", "report"}
+
+
+def _hold(slots: DeviceSlots, events: list, name: str, exclusive: bool = False, seconds: float = 0.2) -> None:
+    with slots.hold(exclusive=exclusive):
+        events.append((time.perf_counter(), +1, name))
+        time.sleep(seconds)
+        events.append((time.perf_counter(), -1, name))
+
+
+def _most_at_once(events: list) -> int:
+    level = peak = 0
+    for _, step, _ in sorted(events):
+        level += step
+        peak = max(peak, level)
+    return peak
+
+
+def test_device_slots_bound_shared_stages_and_an_exclusive_one_runs_alone():
+    slots, events = DeviceSlots(2), []
+    threads = [threading.Thread(target=_hold, args=(slots, events, f"train{i}")) for i in range(4)]
+    threads.append(threading.Thread(target=_hold, args=(slots, events, "latency", True)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert _most_at_once(events) == 2
+    start, end = (next(t for t, step, n in events if n == "latency" and step == s) for s in (+1, -1))
+    assert not [n for t, _, n in events if n != "latency" and start < t < end]  # nothing else ran beside it

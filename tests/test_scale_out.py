@@ -1,0 +1,283 @@
+"""Beyond one machine, on 127.0.0.1 with real servers (no network):
+
+- a Prefect server, a process work pool and the `nightly` deployment from prefect.yaml (`prefect deploy`); a
+  flow run triggered through the API is picked up by `prefect worker start --run-once` and runs every stage;
+- an `mlflow server` (SQLite backend, proxied artifact store) that the flow logs to through MLFLOW_TRACKING_URI;
+  the champion loads through it with `mlflow.pyfunc`; the pipeline run carries its git commit;
+- a local-directory DVC remote: the outputs are committed, pushed, deleted and pulled back; `dvc repro` then runs
+  no stage, and a second deployment run is all cache hits (Prefect's `Cached` state for every task run), its
+  MLflow run tagged with the hash of the `dvc.lock` it started from.
+
+One module-scoped stack (servers, project copy, first run) serves the tests; every server dies with the module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from test_pipeline_e2e import MICRO  # the e2e tests' micro configuration
+
+from tasks import provenance
+from tasks.stage import fingerprint
+
+ROOT = Path(__file__).resolve().parents[1]
+POOL, DEPLOYMENT = "distillery-process", "distillery-pipeline/nightly"
+PREFECT = [sys.executable, "-m", "prefect"]
+
+# one student, no direct baselines, no ONNX export, a teacher that only has to be no worse than trivial:
+# every kind of stage still runs for real (data, MLM pre-training, fine-tuning, augmentation, both distillations,
+# evaluation, registry, report)
+SMALL = {**MICRO, "students": {"micro": MICRO["students"]["micro"]},
+         "finetune": {**MICRO["finetune"], "epochs": 3, "min_gain_over_trivial": 0.0},
+         "evaluation": {**MICRO["evaluation"], "baselines": False, "export_onnx": False}}
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    env.update(DO_NOT_TRACK="true", PREFECT_SERVER_ANALYTICS_ENABLED="false", MLFLOW_DISABLE_TELEMETRY="true",
+               DVC_NO_ANALYTICS="1", **extra)
+    return env
+
+
+def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    return proc
+
+
+class Server:
+    """A server in its own process group, killed (group and all) by stop()."""
+
+    def __init__(self, cmd: list[str], health: str, env: dict[str, str], log: Path, cwd: Path):
+        self.log = log
+        self.proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{cmd[0]} exited:\n{log.read_text()[-4000:]}")
+            try:
+                with urllib.request.urlopen(health, timeout=2):
+                    return
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.5)
+        self.stop()
+        raise AssertionError(f"{health} not up after 180 s:\n{log.read_text()[-4000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                    self.proc.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+                except ProcessLookupError:
+                    break
+
+
+class Stack:
+    def __init__(self, tmp: Path, request: pytest.FixtureRequest):
+        self.tmp, self.project = tmp, tmp / "project"
+        self.make_project()
+        prefect_port, mlflow_port = free_port(), free_port()
+        self.api = f"http://127.0.0.1:{prefect_port}/api"
+        self.mlflow_uri = f"http://127.0.0.1:{mlflow_port}"
+        self.artifacts = tmp / "mlflow-artifacts"
+        home = tmp / "prefect-home"
+        self.prefect = Server(
+            [*PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
+            f"{self.api}/health", clean_env(PREFECT_HOME=str(home), PREFECT_API_SERVICES_SCHEDULER_ENABLED="false"),
+            tmp / "prefect-server.log", tmp)
+        request.addfinalizer(self.prefect.stop)
+        self.mlflow = Server(
+            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
+             "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp / 'mlflow.db'}",
+             "--artifacts-destination", str(self.artifacts)],
+            f"{self.mlflow_uri}/health", clean_env(), tmp / "mlflow-server.log", tmp)
+        request.addfinalizer(self.mlflow.stop)
+        self.env = clean_env(PREFECT_HOME=str(home), PREFECT_API_URL=self.api, MLFLOW_TRACKING_URI=self.mlflow_uri,
+                             PYTHONPATH=str(self.project))
+        run([*PREFECT, "work-pool", "create", POOL, "--type", "process"], tmp, self.env)
+        run([*PREFECT, "--no-prompt", "deploy", "--name", "nightly"], self.project, self.env)
+        self.deployment = self.get(f"/deployments/name/{DEPLOYMENT}")
+        self.first = self.run_deployment()
+
+    def make_project(self) -> None:
+        for name in ("distillery", "tasks", "flows"):
+            shutil.copytree(ROOT / name, self.project / name, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copy(ROOT / "prefect.yaml", self.project)
+        (self.project / "params.yaml").write_text(yaml.safe_dump(SMALL))
+        (self.project / ".gitignore").write_text("__pycache__/\n")
+        env = clean_env(PYTHONPATH=str(self.project))
+        run([sys.executable, "-m", "flows.dvc"], self.project, env)
+        git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.invalid", "-c", "commit.gpgsign=false"]
+        run(["git", "init", "-q"], self.project, env)
+        run([sys.executable, "-m", "dvc", "init", "-q"], self.project, env)
+        run(["git", "add", "."], self.project, env)
+        run([*git, "commit", "-q", "-m", "pipeline"], self.project, env)
+
+    # ------------------------------------------------------------------ Prefect REST API
+    def get(self, path: str):
+        with urllib.request.urlopen(self.api + path, timeout=30) as r:
+            return json.load(r)
+
+    def post(self, path: str, body: dict):
+        req = urllib.request.Request(self.api + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.load(r)
+
+    def run_deployment(self) -> dict:
+        """Trigger a flow run of the deployment, let one worker poll pick it up and run it to the end."""
+        flow_run = self.post(f"/deployments/{self.deployment['id']}/create_flow_run", {})
+        t0 = time.perf_counter()
+        worker = run([*PREFECT, "worker", "start", "--pool", POOL, "--run-once"], self.tmp, self.env, timeout=600)
+        seconds = time.perf_counter() - t0
+        flow_run = self.get(f"/flow_runs/{flow_run['id']}")
+        assert flow_run["state"]["type"] == "COMPLETED", f"{flow_run['state']}\n{worker.stdout[-6000:]}"
+        task_runs = self.post("/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run["id"]]}}})
+        print(f"deployment run: {seconds:.1f} s;", "; ".join(line for line in worker.stdout.splitlines()
+                                                             if line.endswith((" s", ": cached"))))
+        return {"flow_run": flow_run, "task_runs": task_runs, "seconds": seconds, "log": worker.stdout}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, request):
+    return Stack(tmp_path_factory.mktemp("scale-out"), request)
+
+
+def test_deployment_from_prefect_yaml_runs_the_pipeline_on_a_worker(stack):
+    declared = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"][0]
+    deployment = stack.deployment
+    assert deployment["work_pool_name"] == declared["work_pool"]["name"] == POOL
+    assert deployment["parameters"] == {"params_file": "params.yaml"}
+    [schedule] = deployment["schedules"]
+    assert schedule["schedule"]["cron"] == declared["schedules"][0]["cron"] and schedule["active"]
+    assert deployment["pull_steps"] == [
+        {"prefect.deployments.steps.set_working_directory": {"directory": str(stack.project.resolve())}}]
+
+    states = [t["state"]["name"] for t in stack.first["task_runs"]]
+    assert len(states) == 11 and set(states) == {"Completed"}, states  # every stage and item ran
+
+    # a DAG: each stage waits for the stages whose outputs it reads (Prefect records them), independent ones overlap
+    runs = {t["name"]: t for t in stack.first["task_runs"]}  # named like the console: stage[item]
+    waits = {name: {i["id"] for i in t["task_inputs"].get("wait_for", [])} for name, t in runs.items()}
+    assert runs["pretrain"]["id"] in waits["finetune_teacher[demo]"], waits
+    assert runs["pretrain"]["id"] not in waits["word_vectors"], waits
+    assert {runs[n]["id"] for n in ("task_distillation[micro:demo]", "finetune_teacher[demo]")} <= waits["evaluate[demo]"]
+
+    def span(name: str) -> tuple[str, str]:
+        return runs[name]["start_time"], runs[name]["end_time"]
+
+    overlapping = [(a, b) for a in runs for b in runs if a < b and span(a)[0] < span(b)[1] and span(b)[0] < span(a)[1]]
+    print("overlapping task runs:", overlapping)
+    assert ("pretrain", "word_vectors") in overlapping, {n: span(n) for n in runs}  # both wait for the corpus only
+    summary = json.loads((stack.project / "metrics" / "summary.json").read_text())
+    assert summary["demo"]["micro"]["params"] < summary["demo"]["teacher"]["params"]
+    record = json.loads((stack.project / "metrics" / "registry" / "micro-demo.json").read_text())
+    assert record["alias"] == "champion" and record["version"] == 1
+
+
+def test_champion_loads_through_the_mlflow_server(stack):
+    # nothing tracked locally: runs, the registry and the model artifacts are on the server
+    assert not (stack.project / "mlflow.db").exists() and not (stack.project / "mlruns").exists()
+    assert any(p.name == "MLmodel" for p in stack.artifacts.rglob("MLmodel"))
+    code = """
+import json, mlflow
+model = mlflow.pyfunc.load_model("models:/micro-demo@champion")
+labels = list(model.predict(["the film was not good", "the music is truly wonderful"])["label"])
+client = mlflow.MlflowClient()
+[run] = mlflow.search_runs(experiment_names=["distillery"], filter_string="attributes.run_name = 'pipeline'",
+                           output_format="list")
+version = client.get_model_version_by_alias("micro-demo", "champion")
+print(json.dumps({"labels": labels, "run": run.data.tags, "version": version.tags,
+                  "source": version.source}))
+"""
+    out = run([sys.executable, "-c", code], stack.project, stack.env, timeout=300).stdout
+    got = json.loads(out.strip().splitlines()[-1])
+    assert len(got["labels"]) == 2 and set(got["labels"]) <= {"0", "1"}
+    head = provenance.git_commit(stack.project)
+    assert head and got["run"]["git_commit"] == head and got["run"]["git_dirty"] == "false"
+    assert "dvc.lock.sha256" not in got["run"]  # no dvc.lock yet
+    assert got["version"]["git_commit"] == head
+
+
+def test_dvc_remote_round_trip_then_the_deployment_is_all_cache_hits(stack):
+    project, env = stack.project, stack.env
+    dvc = [sys.executable, "-m", "dvc"]
+    remote = stack.tmp / "dvc-remote"
+    run([*dvc, "commit", "-f", "-q"], project, env)  # record what the deployment built in dvc.lock
+    run([*dvc, "remote", "add", "-d", "local", str(remote)], project, env)
+    run([*dvc, "push"], project, env)
+    assert any(p.is_file() for p in remote.rglob("*"))
+
+    outs = sorted({o["path"] for s in provenance.dvc_lock(project).values() for o in s.get("outs") or []
+                   if o["path"].startswith(("data/", "models/"))})  # the data and checkpoints
+    assert "models/students/micro-demo/model" in outs and "data/augmented/demo.tsv" in outs
+    before = {p: fingerprint(project / p) for p in outs}
+    for path in ("data", "models"):
+        shutil.rmtree(project / path)
+    run([*dvc, "pull"], project, env)
+    assert {p: fingerprint(project / p) for p in outs} == before
+    repro = run([*dvc, "repro"], project, env, timeout=300).stdout
+    assert "Running stage" not in repro and "Data and pipelines are up to date" in repro, repro
+
+    stamps = {p.name: p.stat().st_mtime_ns for p in (project / ".prefect" / "stamps").iterdir()}
+    second = stack.run_deployment()
+    states = [t["state"]["name"] for t in second["task_runs"]]
+    assert len(states) == 11 and set(states) == {"Cached"}, states
+    assert {p.name: p.stat().st_mtime_ns for p in (project / ".prefect" / "stamps").iterdir()} == stamps
+
+    code = """
+import json, mlflow
+runs = mlflow.search_runs(experiment_names=["distillery"], filter_string="attributes.run_name = 'pipeline'",
+                          order_by=["attributes.start_time DESC"], output_format="list")
+print(json.dumps(runs[0].data.tags))
+"""
+    tags = json.loads(run([sys.executable, "-c", code], project, env).stdout.strip().splitlines()[-1])
+    assert tags["dvc.lock.sha256"] == hashlib.sha256((project / "dvc.lock").read_bytes()).hexdigest()
+    assert tags["git_commit"] == provenance.git_commit(project)
+
+
+def test_provenance_names_the_data_inputs_of_dvc_lock(tmp_path):
+    lock = {"schema": "2.0", "stages": {
+        "prepare_task-sst2": {"cmd": "python -m flows.stage prepare_task --item sst2",
+                              "deps": [{"path": "../shared/data/glue/SST-2", "md5": "aa.dir"},
+                                       {"path": "tasks/data.py", "md5": "bb"}],
+                              "outs": [{"path": "data/tasks/sst2", "md5": "cc.dir"}]},
+        "finetune_teacher-sst2": {"cmd": "python -m flows.stage finetune_teacher --item sst2",
+                                  "deps": [{"path": "data/tasks/sst2", "md5": "cc.dir"},
+                                           {"path": "../shared/models/all-MiniLM-L6-v2", "md5": "dd.dir"}],
+                                  "outs": [{"path": "models/teacher/sst2/model", "md5": "ee.dir"}]}}}
+    (tmp_path / "dvc.lock").write_text(yaml.safe_dump(lock))
+    assert provenance.lock_inputs(tmp_path) == {"../shared/data/glue/SST-2": "aa.dir",
+                                                "../shared/models/all-MiniLM-L6-v2": "dd.dir"}
+    assert provenance.lock_outs(tmp_path)["models/teacher/sst2/model"] == "ee.dir"
+    tags = provenance.run_tags(tmp_path)
+    assert tags["dvc.input.../shared/data/glue/SST-2.md5"] == "aa.dir"
+    assert tags["dvc.lock.sha256"] == hashlib.sha256((tmp_path / "dvc.lock").read_bytes()).hexdigest()
+    assert "git_commit" not in tags  # not a git repository
