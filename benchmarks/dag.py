@@ -14,6 +14,7 @@ run's wall time and the sum of its stage times, and whether the two runs wrote t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -44,6 +45,7 @@ def run_pipeline(path: Path) -> tuple[float, float]:
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "flows.pipeline"], cwd=path, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
+    (path / "console.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
     if proc.returncode != 0:
         raise SystemExit(f"pipeline failed in {path}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     stages = sum(float(s) for s in re.findall(r": done in (\d+) s", proc.stdout))
@@ -54,11 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--params", default=str(ROOT / "params.yaml"))
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--keep", help="build the projects (and their console.log) under this directory and keep them")
     args = parser.parse_args(argv)
     params = yaml.safe_load(Path(args.params).read_text(encoding="utf-8"))
     sequential = {**params, "orchestration": {**(params.get("orchestration") or {}), "max_workers": 1}}
     ratios, same = [], True
-    with tempfile.TemporaryDirectory(prefix="distillery-dag-") as tmp:
+    keep = contextlib.nullcontext(args.keep) if args.keep else None
+    with keep or tempfile.TemporaryDirectory(prefix="distillery-dag-") as tmp:
         for r in range(args.rounds):
             walls = {}
             for name, p in (("sequential", sequential), ("dag", params)):
@@ -68,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
             ratios.append(walls["dag"] / walls["sequential"])
             a, b = (weights(Path(tmp) / f"{name}-{r}") for name in ("sequential", "dag"))
             print(f"round {r + 1} identical weights: {sum(a[k] == b.get(k) for k in a)}/{len(a)} files", flush=True)
+            for k in sorted(set(a) | set(b)):
+                if a.get(k) != b.get(k):
+                    print(f"round {r + 1} differs: {k}", flush=True)
             same = same and a == b
     print(f"dag_over_sequential: {statistics.median(ratios):.3f} identical: {same}")
     return 0 if same else 1

@@ -9,6 +9,8 @@ from work its own key made; the console line says what it resumes.
 from __future__ import annotations
 
 import shutil
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,9 +31,15 @@ def label(stage: Stage, item: str | None) -> str:
     return stage.name if item is None else f"{stage.name}[{item}]"
 
 
+_CONSOLE = threading.Lock()
+
+
 def say(line: str) -> None:
-    """One line on the console for a stage event (started / cached / done)."""
-    print(line, flush=True)
+    """One line on the console for a stage event (started / cached / done), whole even when stages run at once
+    (`print` writes the text and its newline separately)."""
+    with _CONSOLE:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 def execute(stage: Stage, params: Params, item: str | None = None, parent_run_id: str | None = None,

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks import paths
+from tasks.execute import say
 from tasks.provenance import git_commit, lock_outs
 from tasks.stage import Stage, fingerprint, split_item
 
@@ -242,7 +243,7 @@ def run_register(p: Params, item: str) -> dict[str, Any]:
     if (same := _already_registered(client, name, model_sha, metrics)) is not None:
         # evaluate re-ran (another student, new timings) but this model and its dev scores are unchanged
         why = f"version {same.version} already holds this model with these dev scores: nothing new registered"
-        print(f"register {name}: {why}")
+        say(f"register {name}: {why}")
         record = json.loads(paths.registry(student, task).read_text()) if paths.registry(student, task).is_file() else {}
         write_json(paths.registry(student, task), {**record, "name": name, "version": int(same.version),
                                                    "reason": why, "metrics": metrics})
@@ -285,7 +286,7 @@ def run_register(p: Params, item: str) -> dict[str, Any]:
                                 + (f", retention {metrics['retention']:.3f}" if "retention" in metrics else "") + f". {why}")
     if mlflow.active_run():
         mlflow.set_tags({"registered_version": version, "promotion": why})
-    print(f"register {name} version {version}: {why}")
+    say(f"register {name} version {version}: {why}")
 
     champion_version = version if promote else champion.version
     alias = CHAMPION if promote else CANDIDATE
@@ -300,7 +301,7 @@ def run_register(p: Params, item: str) -> dict[str, Any]:
 
 
 REGISTER = Stage(
-    "register", run_register,
+    "register", run_register, device="shared",  # MLflow loads the pyfunc and predicts its input example
     deps=lambda p, item: [paths.student(*split_item(item)) / "model", paths.evaluation(split_item(item)[1])],
     outs=lambda p, item: [paths.registry(*split_item(item))],
     params=lambda p, item: {"registry": p.registry.model_dump(mode="json", exclude={"enabled"})},

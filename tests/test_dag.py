@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextvars
 import threading
 import time
 
@@ -26,8 +28,8 @@ def test_upstream_follows_the_declared_inputs_and_outputs():
     order = {node: i for i, node in enumerate(graph)}
     assert all(order[u] < order[node] for node, ups in graph.items() for u in ups)  # acyclic, in sequential order
     devices = {name for name, stage in STAGES.items() if stage.device}
-    assert {"pretrain", "finetune_teacher", "augment", "task_distillation", "evaluate"} <= devices
-    assert not devices & {"prepare_corpus", "prepare_task", "word_vectors", "register", "report"}
+    assert {"pretrain", "finetune_teacher", "augment", "task_distillation", "evaluate", "register"} <= devices
+    assert not devices & {"prepare_corpus", "prepare_task", "word_vectors", "report"}
 
 
 def _hold(slots: DeviceSlots, events: list, name: str, exclusive: bool = False, seconds: float = 0.2) -> None:
@@ -56,3 +58,19 @@ def test_device_slots_bound_shared_stages_and_an_exclusive_one_runs_alone():
     assert _most_at_once(events) == 2
     start, end = (next(t for t, step, n in events if n == "latency" and step == s) for s in (+1, -1))
     assert not [n for t, _, n in events if n != "latency" and start < t < end]  # nothing else ran beside it
+
+
+def test_device_work_runs_on_the_device_threads_in_the_callers_context():
+    """Whichever pool thread submits it, device work runs on the slots' own threads (one torch OpenMP team per
+    device thread, however many pool threads), and sees the caller's context variables (Prefect's run context)."""
+    var = contextvars.ContextVar("var", default="unset")
+    slots = DeviceSlots(1)
+
+    def submit(value: str) -> tuple[int, str]:
+        var.set(value)
+        return slots.run(lambda: (threading.get_ident(), var.get()))
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(submit, [f"v{i}" for i in range(8)]))
+    assert len({ident for ident, _ in results}) == 1 and results[0][0] != threading.get_ident()
+    assert [value for _, value in results] == [f"v{i}" for i in range(8)]

@@ -17,7 +17,7 @@ from distillery.training.distill_state import STATE_NAME, load_projection
 from distillery.training.finetune import finetune
 from distillery.training.grid import prediction_grid
 from distillery.training.log import read_log
-from distillery.training.logits_cache import cache_teacher_logits
+from distillery.training.logits_cache import cache_teacher_logits, teacher_fingerprint
 from distillery.training.metrics import accuracy
 
 from test_training_utils import one_thread, FAST, classifier, encoded, tokenizer  # noqa: F401
@@ -150,6 +150,18 @@ def test_logits_cache_teacher_runs_once_per_example_across_grid(task, tmp_path):
                     learning_rates=(1e-3,), batch_sizes=(32,), epochs=2, cache=False, save_strategy="no",
                     eval_strategy="epoch", load_best_model_at_end=False, **FAST)
     assert counter.n == 2 * len(train)
+
+
+def test_teacher_fingerprint_follows_weights_not_the_directory(task, tmp_path):
+    """The logits cache survives a moved project (two copies of one teacher share a key); other weights do not."""
+    task["teacher"].save_pretrained(tmp_path / "a")
+    task["teacher"].save_pretrained(tmp_path / "b")
+    a, b = (transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / d) for d in "ab")
+    assert a.config._name_or_path != b.config._name_or_path
+    assert teacher_fingerprint(a) == teacher_fingerprint(b)
+    with torch.no_grad():
+        b.classifier.bias.add_(1e-3)
+    assert teacher_fingerprint(a) != teacher_fingerprint(b)
 
 
 def _trainer(task, tmp_path, teacher, train_mode):

@@ -30,9 +30,12 @@ COLUMN = "teacher_logits"
 
 
 def teacher_fingerprint(teacher: PreTrainedModel) -> str:
-    """SHA-256 of the teacher's config and every parameter/buffer (name, dtype, shape, bytes)."""
+    """SHA-256 of the teacher's config (less the directory it was loaded from: a moved project keeps its cache) and
+    every parameter/buffer (name, dtype, shape, bytes)."""
     h = hashlib.sha256()
-    h.update(teacher.config.to_json_string(use_diff=False).encode())
+    config = json.loads(teacher.config.to_json_string(use_diff=False))
+    config.pop("_name_or_path", None)
+    h.update(json.dumps(config, sort_keys=True).encode())
     for name, tensor in sorted(teacher.state_dict().items()):
         t = tensor.detach().cpu().contiguous()
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
