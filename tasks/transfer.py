@@ -16,6 +16,7 @@ from typing import Any
 
 from tasks import paths
 from tasks.distill import TRAINING_CODE, _corpus_dataset, _student_params, _teacher_source_deps
+from tasks.launch import distributed, distributed_params
 from tasks.stage import Stage
 from tasks.teacher import finish, teacher_source, train_options
 
@@ -138,15 +139,15 @@ def pretraining_distillation_deps(p: Params, student: str) -> list[Path]:
 
 
 IB_TEACHER = Stage(
-    "ib_teacher", run_ib_teacher, device="shared",
+    "ib_teacher", distributed(run_ib_teacher), device="shared",
     deps=lambda p, s: [paths.corpus()] + _teacher_source_deps(p),
     outs=lambda p, s: [paths.ib_teacher(s) / "model"],
     params=lambda p, s: {"seed": p.seed, "student": p.students[s].model_dump(mode="json"),
-                         "pretrain": p.pretrain.model_dump(mode="json")},
+                         "pretrain": p.pretrain.model_dump(mode="json"), **distributed_params(p)},
     code=TRAINING_CODE + ("distillery/ib_teacher.py", "distillery/corpus.py", "tasks/transfer.py"),
 )
 KNOWLEDGE_TRANSFER = Stage(
-    "knowledge_transfer", run_knowledge_transfer, device="shared",
+    "knowledge_transfer", distributed(run_knowledge_transfer), device="shared",
     deps=lambda p, s: [paths.corpus(), paths.ib_teacher(s) / "model"],
     outs=lambda p, s: [paths.knowledge_transfer(s) / "model"],
     params=_student_params,

@@ -4,10 +4,12 @@
     python -m torch.distributed.run --standalone --nproc_per_node 2 tests/ddp_worker.py OUT
 
 Augmentation (TinyBERT Algorithm 1 in shards, the shards split across the ranks), general distillation (TinyBERT
-intermediate layers, a classifier student whose head no objective reads), then task distillation (the prediction-layer grid with the teacher-logit cache), then fine-tuning, of micro BERTs on generated
+intermediate layers, a classifier student whose head no objective reads), then task distillation (the
+prediction-layer grid with the teacher-logit cache), then fine-tuning, then MobileBERT's progressive knowledge
+transfer, of micro BERTs on generated
 data, with a global batch of 8 split across the processes. Dropout is off and every model is built from a fixed
 seed, so one process and N processes see the same batches and the same models. Each process saves its own final
-weights (student, projection, task student, fine-tuned model) to OUT/state-<world size>-rank<rank>.safetensors; the
+weights (student, projection, task student, fine-tuned model, transferred MobileBERT) to OUT/state-<world size>-rank<rank>.safetensors; the
 library's outputs go to OUT/run-<world size>/. The test writes OUT/vocab.txt and OUT/glove.txt first. `body` is a stage body for the launcher test (tasks.launch).
 """
 
@@ -40,14 +42,19 @@ def main(out: Path) -> None:
 
     from distillery.augment import AugmentConfig, augment_dataset
     from distillery.augment.glove import load_word_vectors
+    from distillery.ib_teacher import convert_bert
     from distillery.layer_map import build_layer_map
     from distillery.training.distill import distill, make_projection
     from distillery.training.distributed import per_device_batch, rank, world_size
     from distillery.training.finetune import finetune
     from distillery.training.grid import prediction_grid
+    from distillery.training.progressive_transfer import progressive_transfer, student_from_teacher
     from distillery.training.metrics import accuracy
+    from distillery.models import resolve_shape
     from test_training_utils import bert_config, encoded, sentences
 
+    MOBILE = resolve_shape({"preset": "mobilebert-tiny", "layers": 2, "hidden": 32, "heads": 2, "intermediate": 16,
+                            "extra": {"intra_bottleneck_size": 8, "embedding_size": 32, **NO_DROPOUT}})
     torch.set_num_threads(1)
     world = world_size()
     run = out / f"run-{world}"
@@ -101,10 +108,20 @@ def main(out: Path) -> None:
     finetune(tuned, train, dev, run / "finetune", compute_metrics=accuracy, main_score="accuracy", learning_rate=3e-3,
              tokenizer=tok, **batch, **EVAL, **ARGS)
 
+    # MobileBERT progressive knowledge transfer (one layer per stage, lower layers at 0.1x) from an IB teacher
+    # converted from a micro BERT: the `knowledge_transfer` stage's loop, a new DDP wrapper per layer stage
+    torch.manual_seed(6)
+    ib = convert_bert(transformers.BertForMaskedLM(bert_config(vocab, 2, **NO_DROPOUT)), MOBILE).eval()
+    mobile = student_from_teacher(MOBILE, ib, head="mlm")
+    state.update({f"transfer-init.{k}": v.clone() for k, v in mobile.state_dict().items()})
+    progressive_transfer(ib, mobile, corpus, run / "transfer", epochs=2, tokenizer=tok,
+                         args={"per_device_train_batch_size": per_device_batch(GLOBAL_BATCH), "learning_rate": 5e-3,
+                               **ARGS})
+
     for prefix, module in (("general", student), ("projection", projection), ("task", made[0]),
-                           ("finetune", tuned)):
+                           ("finetune", tuned), ("transfer", mobile)):
         state.update({f"{prefix}.{k}": v for k, v in module.state_dict().items()})
-    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()},
+    save_file({k: v.detach().cpu().clone() for k, v in state.items()},  # clone: tied weights share storage
               str(out / f"state-{world}-rank{rank()}.safetensors"))
 
 

@@ -32,6 +32,7 @@ from distillery.layer_map import LayerMap
 from distillery.models import build_student, num_layers
 from distillery.objectives import ObjectiveWeights
 from distillery.training.distill import distill
+from distillery.training.distributed import is_main
 from distillery.training.log import LOG_NAME, read_log, write_log
 from distillery.training.saving import model_dir, save_final
 
@@ -147,9 +148,11 @@ def progressive_transfer(
             student = type(student).from_pretrained(str(done))
         offset = rows[-1]["step"] if rows else 0
         rows += [{**r, "step": int(r["step"]) + offset, "layer": layer} for r in read_log(done / LOG_NAME)]
-        shutil.rmtree(stage_dir / "checkpoints", ignore_errors=True)
+        if is_main():  # under a launcher: rank 0 wrote the stage (the others waited for it in `distill`)
+            shutil.rmtree(stage_dir / "checkpoints", ignore_errors=True)
     final = save_final(output_dir, student, tokenizer, extra=lambda d: write_log(d / LOG_NAME, rows))
-    shutil.rmtree(output_dir / "layers", ignore_errors=True)
+    if is_main():
+        shutil.rmtree(output_dir / "layers", ignore_errors=True)
     return final
 
 
