@@ -113,8 +113,10 @@ def task_runner(p: Params):
             raise UserError("orchestration.runner: dask needs prefect-dask (pip install -e '.[cluster]')") from exc
         if o.dask_address:
             return DaskTaskRunner(address=o.dask_address)
-        return DaskTaskRunner(cluster_kwargs={"n_workers": 1, "threads_per_worker": o.max_workers,
-                                              "processes": False, "dashboard_address": None})
+        # a local cluster in this process (device slots are per process); its HTTP servers on the loopback only
+        return DaskTaskRunner(cluster_kwargs={"n_workers": 1, "threads_per_worker": o.max_workers, "processes": False,
+                                              "dashboard_address": "127.0.0.1:0",
+                                              "worker_dashboard_address": "127.0.0.1:0"})
     from prefect.task_runners import ThreadPoolTaskRunner
 
     return ThreadPoolTaskRunner(max_workers=o.max_workers)

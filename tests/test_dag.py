@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextvars
+import json
+import re
+import sys
 import threading
 import time
+
+import pytest
 
 from tasks import env  # noqa: F401
 
@@ -74,3 +79,26 @@ def test_device_work_runs_on_the_device_threads_in_the_callers_context():
         results = list(pool.map(submit, [f"v{i}" for i in range(8)]))
     assert len({ident for ident, _ in results}) == 1 and results[0][0] != threading.get_ident()
     assert [value for _, value in results] == [f"v{i}" for i in range(8)]
+
+
+@pytest.mark.slow
+def test_the_flow_runs_on_a_dask_cluster(tmp_path):
+    """`orchestration.runner: dask` (prefect-dask; a local in-process cluster when no address is given) runs every
+    stage of a one-student micro pipeline, a second run is all cache hits, and the console stays one line per event."""
+    from test_pipeline_e2e import MICRO, make_project, run, stage_lines
+
+    params = {**MICRO, "students": {"micro": MICRO["students"]["micro"]},
+              "orchestration": {"runner": "dask", "max_workers": 2}}
+    project = make_project(tmp_path, params, dvc_yaml=False)
+    out = run([sys.executable, "-m", "flows.pipeline"], project)
+    first = stage_lines(out.stdout + out.stderr)
+    expected = re.compile(r"^([a-z_]+(\[[^]]+\])?: (started|done in \d+ s)|register \S+ version \d+: .+|"
+                          r"pipeline finished in .+)$")
+    assert [line for line in first if not expected.match(line)] == []
+    assert "task_distillation[micro:demo]: started" in first and "register[micro:demo]: started" in first
+    summary = json.loads((project / "metrics" / "summary.json").read_text())["demo"]
+    assert summary["teacher"]["passed_gate"] and "accuracy" in summary["micro"] and "accuracy" in summary["micro-direct"]
+    second = stage_lines(run([sys.executable, "-m", "flows.pipeline"], project).stdout)
+    assert not [line for line in second if line.endswith(": started")]
+    ran = [line for line in first if line.endswith(": started")]
+    assert len([line for line in second if line.endswith(": cached")]) == len(ran)
