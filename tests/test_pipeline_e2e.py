@@ -160,6 +160,11 @@ def test_dvc_repro_after_the_flow_runs_no_stage(prefect_project):
     assert {p.name: p.stat().st_mtime_ns for p in (project / ".prefect" / "stamps").iterdir()} == stamps
 
 
+#: What a pipeline's console may print besides progress bars: stage events, the registry's decisions, the summary.
+EVENT_LINE = re.compile(r"^([a-z_]+(\[[^]]+\])?: (started|done in \d+ s)|register \S+ version \d+: .+|"
+                        r"pipeline finished in .+)$")
+
+
 def stage_lines(console: str) -> list[str]:
     """The console's lines other than progress bars (tqdm redraws with carriage returns)."""
     lines = [line.strip() for line in console.replace("\r", "\n").splitlines()]
@@ -172,9 +177,7 @@ def test_console_has_one_line_per_stage_event(prefect_project):
     sub-bars): one line per stage event, the registry's decision, the summary."""
     _, first, _ = prefect_project
     lines = stage_lines(first.stdout + first.stderr)
-    expected = re.compile(r"^([a-z_]+(\[[^]]+\])?: (started|done in \d+ s)|register \S+ version \d+: .+|"
-                          r"pipeline finished in .+)$")
-    assert [line for line in lines if not expected.match(line)] == []
+    assert [line for line in lines if not EVENT_LINE.match(line)] == []
     assert "\x1b[A" not in first.stderr  # a nested (evaluation) progress bar
     assert len(lines) <= 2 * 27 + 4 + 1
 
