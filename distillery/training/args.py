@@ -89,18 +89,28 @@ def selection_args(overrides: dict[str, Any], has_eval: bool) -> dict[str, Any]:
     return out
 
 
+#: With dynamic padding every batch is padded to its longest example, so batches of examples of similar length
+#: (the Trainer's `LengthGroupedSampler`: random mega-batches of 50 batches, sorted by length inside) waste less
+#: compute on padding. Measured on CoLA (mean 11 tokens, max 47), 40 fine-tuning steps of the 6-layer teacher on
+#: 2 CPU cores: 15.0 s instead of 22.3 s. Give `train_sampling_strategy: random` to sample as the official codes do.
+GROUPED: dict[str, Any] = {"train_sampling_strategy": "group_by_length"}
+
+
 def train_arguments(
     output_dir: str | os.PathLike,
     args: Mapping[str, Any] | TrainingArguments | None,
     has_eval: bool,
+    *,
+    dynamic_padding: bool = False,
     **overrides: Any,
 ) -> TrainingArguments:
     """The TrainingArguments of every training loop: checkpoints under `output_dir/checkpoints`, best-model
-    selection on the dev main score when there is an eval set, `args` then `overrides` on top."""
+    selection on the dev main score when there is an eval set, batches grouped by length under dynamic padding
+    (`GROUPED`), `args` then `overrides` on top."""
     from distillery.training.saving import checkpoint_dir
 
-    opts = dict(args) if isinstance(args, Mapping) else {}
-    base = args if isinstance(args, TrainingArguments) else None
+    base = args if isinstance(args, TrainingArguments) else None  # kept as given
+    opts = {**(GROUPED if dynamic_padding and base is None else {}), **(dict(args) if isinstance(args, Mapping) else {})}
     return training_arguments(checkpoint_dir(output_dir), base, **selection_args({**opts, **overrides}, has_eval))
 
 
