@@ -5,8 +5,7 @@ BERT-base-shaped teacher (12/768/12/3072, vocab 30522, random weights) and a Tin
 
 (a) floor: teacher forward under no_grad + student forward + backward + optimiser step (no capture, no loss
     terms beyond the student's own head);
-(b) one intermediate-layer distillation step through `DistillationTrainer.distillation_loss` (the function
-    `compute_loss` calls): capture of the mapped layers, attention + hidden + embedding losses with the
+(b) one intermediate-layer distillation step through the `Distiller` module (what the Trainer optimises): capture of the mapped layers, attention + hidden + embedding losses with the
     learnable projection, backward, optimiser step;
 (c) prediction-layer distillation over the paper's grid (3 lrs x 2 batch sizes x 3 epochs) with teacher
     logits computed on the fly; (d) the same grid with teacher logits cached once.
@@ -29,29 +28,35 @@ import transformers
 
 from distillery.layer_map import build_layer_map
 from distillery.objectives import ObjectiveWeights
-from distillery.training.args import training_arguments
-from distillery.training.distill import DistillationTrainer, DistillSettings, make_projection
+from distillery.training.distill import Distiller, DistillSettings, make_projection
 from distillery.training.grid import prediction_grid
 from distillery.training.metrics import accuracy
 
 VOCAB = 30522
 
 
-def teacher_model() -> transformers.BertForSequenceClassification:
-    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                                  intermediate_size=3072, num_labels=2)
-    return transformers.BertForSequenceClassification(cfg).eval()
+#: (layers, hidden, heads, intermediate): TinyBERT Table 1's teacher and student
+TEACHER, STUDENT = (12, 768, 12, 3072), (4, 312, 12, 1200)
 
 
-def student_model() -> transformers.BertForSequenceClassification:
-    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=312, num_hidden_layers=4, num_attention_heads=12,
-                                  intermediate_size=1200, num_labels=2)
+def _bert(shape: tuple[int, int, int, int], vocab: int) -> transformers.BertForSequenceClassification:
+    layers, hidden, heads, inter = shape
+    cfg = transformers.BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                                  num_attention_heads=heads, intermediate_size=inter, num_labels=2)
     return transformers.BertForSequenceClassification(cfg)
 
 
-def batch(n: int, seq: int, seed: int = 0) -> dict[str, torch.Tensor]:
+def teacher_model(shape=TEACHER, vocab: int = VOCAB) -> transformers.BertForSequenceClassification:
+    return _bert(shape, vocab).eval()
+
+
+def student_model(shape=STUDENT, vocab: int = VOCAB) -> transformers.BertForSequenceClassification:
+    return _bert(shape, vocab)
+
+
+def batch(n: int, seq: int, seed: int = 0, vocab: int = VOCAB) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1000, VOCAB, (n, seq), generator=g)
+    ids = torch.randint(min(1000, vocab // 2), vocab, (n, seq), generator=g)
     mask = torch.ones(n, seq, dtype=torch.long)
     lengths = torch.randint(seq // 2, seq + 1, (n,), generator=g)
     for i, length in enumerate(lengths.tolist()):
@@ -61,37 +66,51 @@ def batch(n: int, seq: int, seed: int = 0) -> dict[str, torch.Tensor]:
             "labels": torch.randint(0, 2, (n,), generator=g)}
 
 
-def step_benchmark(reps: int, bsz: int, seq: int, tmp: Path) -> tuple[float, float]:
-    teacher, student = teacher_model(), student_model()
-    lm = build_layer_map("uniform", 4, 12)
+def step_benchmark(reps: int, bsz: int, seq: int, *, device: str = "cpu", bf16: bool = False,
+                   teacher_shape=TEACHER, student_shape=STUDENT, vocab: int = VOCAB) -> tuple[float, float]:
+    """Median seconds of (a) the floor step and (b) one intermediate-layer distillation step, interleaved; on a GPU
+    under bf16 autocast when `bf16` (fused AdamW there), synchronised around every timed step."""
+    dev = torch.device(device)
+    teacher, student = teacher_model(teacher_shape, vocab).to(dev), student_model(student_shape, vocab).to(dev)
+    lm = build_layer_map("uniform", student_shape[0], teacher_shape[0])
     settings = DistillSettings(ObjectiveWeights.from_config("tinybert-intermediate"), lm, stage="intermediate")
-    proj = make_projection(student, teacher, lm)
-    trainer = DistillationTrainer(model=student, args=training_arguments(tmp / "bench", disable_tqdm=True),
-                                  teacher=teacher, settings=settings, projection=proj)
-    params = list(student.parameters()) + list(proj.parameters())
-    opt = torch.optim.AdamW(params, lr=1e-4)
-    b = batch(bsz, seq)
+    proj = make_projection(student, teacher, lm).to(dev)
+    distiller = Distiller(student, teacher, settings, proj).train()
+    opt = torch.optim.AdamW([p for p in distiller.parameters() if p.requires_grad], lr=1e-4, fused=dev.type == "cuda")
+    b = {k: v.to(dev) for k, v in batch(bsz, seq, vocab=vocab).items()}
     student.train()
 
+    def autocast():
+        return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16)
+
     def floor() -> None:
-        with torch.no_grad():
-            teacher(**{k: v for k, v in b.items() if k != "labels"})
-        student(**b).loss.backward()
+        with autocast():
+            with torch.no_grad():
+                teacher(**{k: v for k, v in b.items() if k != "labels"})
+            loss = student(**b).loss
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
     def distil_step() -> None:
-        total, _, _ = trainer.distillation_loss(student, b)
+        with autocast():
+            total = distiller(**b).loss
         total.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
 
     floor(), distil_step()  # warm-up
     ta, tb = [], []
     for i in range(reps):
         for fn, acc in ((floor, ta), (distil_step, tb)) if i % 2 == 0 else ((distil_step, tb), (floor, ta)):
+            sync()
             t0 = time.perf_counter()
             fn()
+            sync()
             acc.append(time.perf_counter() - t0)
     a, b_ = statistics.median(ta), statistics.median(tb)
     print(f"(a) floor step: median {a:.3f}s  runs {[round(x, 3) for x in ta]}")
@@ -139,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, batch {args.batch}, seq {args.seq}")
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        a, b = step_benchmark(args.reps, args.batch, args.seq, tmp)
+        a, b = step_benchmark(args.reps, args.batch, args.seq)
         c, dd = (float("nan"), float("nan")) if args.skip_grid else grid_benchmark(args.examples, args.seq, tmp, args.epochs)
     print(f"step_ratio: {b / a:.3f} cache_speedup: {c / dd:.2f}")
 

@@ -14,7 +14,8 @@ def demo() -> dict:
     return yaml.safe_load((ROOT / "params.yaml").read_text())
 
 
-@pytest.mark.parametrize("name", ["params.yaml", "params/local.yaml", "params/paper-tinybert4.yaml"])
+@pytest.mark.parametrize("name", ["params.yaml", "params/local.yaml", "params/gpu.yaml",
+                                  "params/paper-tinybert4.yaml"])
 def test_shipped_params_files_validate(name):
     p = load_params(ROOT / name)
     assert p.students and p.data.tasks

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import datasets
-
 import pytest
 import torch
 import transformers
@@ -111,26 +109,3 @@ def test_trainer_metrics_adds_main_score_for_glue_tasks():
     with pytest.raises(ValueError, match="main_score"):
         trainer_metrics(lambda p, y: {"a": 1.0, "b": 2.0})(EvalPrediction(predictions=logits, label_ids=np.zeros(3)))
 
-
-def test_dynamic_padding_groups_batches_by_length(tmp_path):
-    """Under dynamic padding the training loops batch examples of similar length (less padding, same examples);
-    params can still ask for plain random sampling."""
-    tok = tokenizer(tmp_path)
-    texts = [" ".join(["good"] * (1 + (i * 7) % 40)) for i in range(400)]
-    ds = datasets.Dataset.from_dict({**dict(tok(texts, truncation=True, max_length=48)), "labels": [0] * 400})
-
-    def padded_tokens(args) -> tuple[int, list[int]]:
-        trainer = transformers.Trainer(model=classifier(tok.vocab_size, 1), args=args, train_dataset=ds,
-                                       data_collator=targs_mod.collator_for(tok), processing_class=tok)
-        batches = list(trainer.get_train_dataloader())
-        seen = sorted(int(x) for b in batches for x in b["attention_mask"].sum(1))
-        return sum(b["input_ids"].numel() for b in batches), seen
-
-    grouped = targs_mod.train_arguments(tmp_path / "g", {"per_device_train_batch_size": 8}, False, dynamic_padding=True)
-    plain = targs_mod.train_arguments(tmp_path / "r", {"per_device_train_batch_size": 8, "train_sampling_strategy": "random"},
-                                      False, dynamic_padding=True)
-    assert grouped.train_sampling_strategy == "group_by_length" and plain.train_sampling_strategy == "random"
-    assert targs_mod.train_arguments(tmp_path / "n", {}, False).train_sampling_strategy == "random"
-    (g_tokens, g_seen), (r_tokens, r_seen) = padded_tokens(grouped), padded_tokens(plain)
-    assert g_seen == r_seen == sorted(len(x) for x in ds["input_ids"])  # every example once
-    assert g_tokens < 0.7 * r_tokens

@@ -558,8 +558,7 @@ def distill(
     has_eval = eval_dataset is not None and compute_metrics is not None
     # Evaluation labels are `labels` only: `next_sentence_label` is an input of eq. 4, and the Trainer would otherwise
     # take every forward argument named *label* for one (and skip metrics for batches without it).
-    targs = train_arguments(output_dir, args, has_eval, dynamic_padding=data_collator is None and tokenizer is not None,
-                            **{"label_names": ["labels"], **overrides})
+    targs = train_arguments(output_dir, args, has_eval, **{"label_names": ["labels"], **overrides})
     if teacher is not None:
         teacher.to(targs.device)
     optimizer = scaled_adamw(param_groups, targs) if param_groups is not None else None

@@ -46,7 +46,7 @@ def finetune(
     # A sequence classifier's loss is its batch mean, which ignores the Trainer's token count; with
     # `average_tokens_across_devices` the Trainer would still multiply it by the number of processes, so under DDP
     # every gradient would be N times one process's (measured: clipping then trains a different model).
-    targs = train_arguments(output_dir, args, eval_dataset is not None, dynamic_padding=tokenizer is not None,
+    targs = train_arguments(output_dir, args, eval_dataset is not None,
                             **{"average_tokens_across_devices": False, **overrides})
     trainer = Trainer(
         model=model,

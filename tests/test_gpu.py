@@ -1,0 +1,82 @@
+"""GPU paths on the CPU: the GPU benchmark at micro scale, bf16 autocast against fp32, the CUDA-only defaults."""
+
+from __future__ import annotations
+
+import math
+import pytest
+import torch
+
+from benchmarks import gpu
+from benchmarks.distill import batch, student_model, teacher_model
+from distillery.layer_map import build_layer_map
+from distillery.objectives import ObjectiveWeights
+from distillery.training import args as targs_mod
+from distillery.training.distill import Distiller, DistillSettings, make_projection
+
+from test_training_utils import one_thread  # noqa: F401  (fixture)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_gpu_benchmark_without_cuda_says_so_and_measures_nothing(capsys):
+    assert gpu.main([]) is None
+    out = capsys.readouterr().out
+    assert "needs a CUDA device" in out and "--device cpu --micro" in out
+
+
+def test_gpu_benchmark_runs_its_code_at_micro_scale_on_cpu(capsys, one_thread):
+    res = gpu.main(["--device", "cpu", "--micro"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("aug_speedup: ") and " step_ratio: " in last and " gd_seq_per_s: " in last
+    assert res["aug_speedup"] > 0 and res["step_ratio"] > 0 and res["gd_seq_per_s"] > 0
+    assert math.isnan(res["mfu"])  # no known peak for a CPU
+    assert gpu.peak_tflops(torch.device("cpu"), 100.0) == 100.0
+
+
+def test_step_flops_count_teacher_forward_and_student_forward_backward():
+    shapes = gpu.MICRO
+    t = gpu.teacher_model(shapes["teacher_shape"], shapes["vocab"]).config
+    s = gpu.student_model(shapes["student_shape"], shapes["vocab"]).config
+    from distillery.efficiency import flops_per_example
+    assert gpu.step_flops(4, 16, **shapes) == 4 * (flops_per_example(t, 16) + 3 * flops_per_example(s, 16))
+
+
+def test_paper_projection():
+    # 2.5e9 words x 1.3 tokens / 128 per sequence x 3 epochs = 76.17M sequences; at 1000 sequences/s: 21.2 hours
+    assert gpu.paper_gpu_hours(1000.0) == pytest.approx(2.5e9 * 1.3 / 128 * 3 / 1000 / 3600)
+    assert gpu.paper_gpu_hours(1000.0) == pytest.approx(21.16, abs=0.01)
+
+
+def test_bf16_autocast_step_matches_fp32(one_thread):
+    """One intermediate-layer distillation step's losses and gradients under bf16 autocast (what a GPU run uses) stay
+    within bf16 tolerance of the fp32 CPU path."""
+    torch.manual_seed(0)
+    teacher, student = teacher_model((2, 64, 2, 128), 1000), student_model((1, 32, 2, 64), 1000)
+    lm = build_layer_map("uniform", 1, 2)
+    settings = DistillSettings(ObjectiveWeights.from_config("tinybert-intermediate"), lm, stage="intermediate")
+    # eval mode: no dropout, so both passes see the same network (without labels it still distils)
+    distiller = Distiller(student, teacher, settings, make_projection(student, teacher, lm)).eval()
+    b = {k: v for k, v in batch(8, 16, vocab=1000).items() if k != "labels"}
+
+    def step(bf16: bool):
+        distiller.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = distiller(**b)
+        out.loss.backward()
+        grad = torch.cat([p.grad.flatten() for p in distiller.parameters() if p.grad is not None])
+        return float(out.loss.detach()), {k: float(v.detach()) for k, v in out.terms.items()}, grad
+
+    total32, parts32, grad32 = step(False)
+    total16, parts16, grad16 = step(True)
+    assert total32 > 0 and set(parts16) == set(parts32)
+    assert total16 == pytest.approx(total32, rel=0.03)
+    for name in parts32:
+        assert parts16[name] == pytest.approx(parts32[name], rel=0.05, abs=1e-4), name
+    assert torch.nn.functional.cosine_similarity(grad16, grad32, dim=0) > 0.99
+
+
+def test_gpu_defaults_only_on_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert targs_mod.gpu_defaults() == {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert targs_mod.gpu_defaults() == {"bf16": True, "tf32": True}
