@@ -79,4 +79,8 @@ def test_gpu_defaults_only_on_cuda(monkeypatch):
     assert targs_mod.gpu_defaults() == {}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))  # H100
     assert targs_mod.gpu_defaults() == {"bf16": True, "tf32": True}
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (7, 0))  # V100: neither
+    assert targs_mod.gpu_defaults() == {"bf16": False}

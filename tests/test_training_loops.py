@@ -108,4 +108,3 @@ def test_trainer_metrics_adds_main_score_for_glue_tasks():
     assert m["main"] == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="main_score"):
         trainer_metrics(lambda p, y: {"a": 1.0, "b": 2.0})(EvalPrediction(predictions=logits, label_ids=np.zeros(3)))
-

@@ -32,11 +32,13 @@ DEFAULTS: dict[str, Any] = {
 
 def gpu_defaults() -> dict[str, Any]:
     """On a CUDA device: bf16 mixed precision (autocast; the weights and the optimiser stay fp32) where the device
-    supports it, and TF32 matmuls. The optimiser is already the Trainer's default fused AdamW. Empty on a CPU, so
-    the CPU path stays fp32; `bf16: false` in a loop's options turns it off."""
+    supports it, and TF32 matmuls on Ampere or newer (the Trainer refuses `tf32` before). The optimiser is already
+    the Trainer's default fused AdamW. Empty on a CPU, so the CPU path stays fp32; a library caller's `bf16: false`
+    in a loop's options turns it off."""
     if not torch.cuda.is_available():
         return {}
-    return {"bf16": torch.cuda.is_bf16_supported(), "tf32": True}
+    ampere = torch.cuda.get_device_capability()[0] >= 8
+    return {"bf16": torch.cuda.is_bf16_supported(), **({"tf32": True} if ampere else {})}
 
 
 _FIELDS = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
