@@ -39,11 +39,14 @@ VOCAB = 30522
 TEACHER, STUDENT = (12, 768, 12, 3072), (4, 312, 12, 1200)
 
 
-def _bert(shape: tuple[int, int, int, int], vocab: int) -> transformers.BertForSequenceClassification:
+def bert_config(shape: tuple[int, int, int, int], vocab: int = VOCAB) -> transformers.BertConfig:
     layers, hidden, heads, inter = shape
-    cfg = transformers.BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
-                                  num_attention_heads=heads, intermediate_size=inter, num_labels=2)
-    return transformers.BertForSequenceClassification(cfg)
+    return transformers.BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                                   num_attention_heads=heads, intermediate_size=inter, num_labels=2)
+
+
+def _bert(shape: tuple[int, int, int, int], vocab: int) -> transformers.BertForSequenceClassification:
+    return transformers.BertForSequenceClassification(bert_config(shape, vocab))
 
 
 def teacher_model(shape=TEACHER, vocab: int = VOCAB) -> transformers.BertForSequenceClassification:

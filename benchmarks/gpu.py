@@ -24,7 +24,7 @@ import torch
 import transformers
 
 from benchmarks import augment as augment_bench
-from benchmarks.distill import STUDENT, TEACHER, VOCAB, step_benchmark, student_model, teacher_model
+from benchmarks.distill import STUDENT, TEACHER, VOCAB, bert_config, step_benchmark, student_model, teacher_model
 from distillery.efficiency import flops_per_example, measure_latency
 
 #: Dense bf16 tensor-core peaks (TFLOP/s, without sparsity) from the vendors' data sheets, by device-name fragment.
@@ -45,8 +45,7 @@ def peak_tflops(device: torch.device, given: float | None) -> float | None:
 
 def step_flops(batch: int, seq: int, teacher_shape, student_shape, vocab: int) -> float:
     """FLOPs of one distillation step: the teacher's forward plus the student's forward and backward (2 x forward)."""
-    t = teacher_model(teacher_shape, vocab).config
-    s = student_model(student_shape, vocab).config
+    t, s = bert_config(teacher_shape, vocab), bert_config(student_shape, vocab)  # configs only: no weights built
     return batch * (flops_per_example(t, seq) + 3 * flops_per_example(s, seq))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+
 import pytest
 import torch
 
@@ -34,8 +35,8 @@ def test_gpu_benchmark_runs_its_code_at_micro_scale_on_cpu(capsys, one_thread):
 
 def test_step_flops_count_teacher_forward_and_student_forward_backward():
     shapes = gpu.MICRO
-    t = gpu.teacher_model(shapes["teacher_shape"], shapes["vocab"]).config
-    s = gpu.student_model(shapes["student_shape"], shapes["vocab"]).config
+    t = teacher_model(shapes["teacher_shape"], shapes["vocab"]).config
+    s = student_model(shapes["student_shape"], shapes["vocab"]).config
     from distillery.efficiency import flops_per_example
     assert gpu.step_flops(4, 16, **shapes) == 4 * (flops_per_example(t, 16) + 3 * flops_per_example(s, 16))
 
