@@ -276,6 +276,22 @@ def build_student(
     return inter_block_attention_inputs(cls.from_config(cfg))
 
 
+_DROPOUT_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout",  # BERT, MobileBERT
+                 "dropout", "attention_dropout", "seq_classif_dropout")                    # DistilBERT
+
+
+def set_dropout(model: PreTrainedModel, p: float) -> PreTrainedModel:
+    """Every dropout of ``model`` (embeddings, attention, feed-forward, classifier) set to ``p``, in its modules and
+    in its config, so that a ``save_pretrained`` copy loads back with the same rate."""
+    for key in _DROPOUT_KEYS:
+        if hasattr(model.config, key):
+            setattr(model.config, key, p)
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = p
+    return model
+
+
 def reads_inter_block_maps(cfg: PretrainedConfig) -> bool:
     """A MobileBERT config whose query, key and value read the inter-block feature maps, as in the official
     IB-BERT (``use_bottleneck`` without ``use_bottleneck_attention`` / ``key_query_shared_bottleneck``) with an

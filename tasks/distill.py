@@ -161,9 +161,19 @@ def _task_student(p: Params, student: str, teacher, tokenizer, labels: dict[str,
 
     recipe = p.students[student]
     if recipe.runs_general:
-        return lambda: AutoModelForSequenceClassification.from_pretrained(
-            str(paths.general_student(student) / "model"), **labels)
-    return lambda: init_student(recipe, teacher, tokenizer, head="sequence-classification", **labels)
+        return _with_task_dropout(recipe, lambda: AutoModelForSequenceClassification.from_pretrained(
+            str(paths.general_student(student) / "model"), **labels))
+    return _with_task_dropout(recipe, lambda: init_student(recipe, teacher, tokenizer, head="sequence-classification",
+                                                           **labels))
+
+
+def _with_task_dropout(recipe, factory):
+    """`factory`, its models given the recipe's `task_dropout` (unchanged when that is unset)."""
+    if recipe.task_dropout is None:
+        return factory
+    from distillery.models import set_dropout
+
+    return lambda: set_dropout(factory(), recipe.task_dropout)
 
 
 def _task_teacher(task: str):
@@ -223,7 +233,8 @@ def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
         finish(out / "intermediate")
         curve = step1 / "train_log.csv"
         # Step 2: prediction layer over the grid; teacher logits computed once and reused by every run.
-        grid = prediction_grid(teacher, lambda: AutoModelForSequenceClassification.from_pretrained(str(step1), **labels),
+        step2 = _with_task_dropout(recipe, lambda: AutoModelForSequenceClassification.from_pretrained(str(step1), **labels))
+        grid = prediction_grid(teacher, step2,
                                train, dev, out / "grid", **grid_args(pr), **distill_args)
     else:
         grid = prediction_grid(None, start, train, dev, out / "grid", mode="finetune",
@@ -274,9 +285,10 @@ def run_baseline(p: Params, item: str) -> dict[str, Any]:
     teacher, tokenizer, labels = _task_teacher(task)
     train, dev = _train_set(p, task, tokenizer, augmented=False)
     out = paths.baseline(student, task)
-    grid = prediction_grid(None, lambda: init_student(p.students[student], teacher, tokenizer,
-                                                      head="sequence-classification", **labels),
-                           train, dev, out / "grid", mode="finetune",
+    recipe = p.students[student]
+    start = _with_task_dropout(recipe, lambda: init_student(recipe, teacher, tokenizer, head="sequence-classification",
+                                                            **labels))
+    grid = prediction_grid(None, start, train, dev, out / "grid", mode="finetune",
                            **_grid_args(p, task, p.task_distillation.finetune, tokenizer))
     return _keep_best(grid, out)
 
