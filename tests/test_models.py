@@ -5,6 +5,7 @@ import torch
 import transformers as tr
 
 from distillery.models import (
+    set_dropout,
     PAPER_PARAMS_M,
     PRESETS,
     ModelConfigError,
@@ -194,3 +195,25 @@ def test_init_with_head_override():
     assert torch.equal(same.bert.embeddings.word_embeddings.weight, teacher.bert.embeddings.word_embeddings.weight)
     with pytest.raises(ModelConfigError, match="unknown head"):
         init_from_teacher_layers(teacher, [0], head="qa")
+
+
+@pytest.mark.parametrize("spec", [{"preset": "tinybert4", "layers": 2}, {"preset": "mobilebert-tiny", "layers": 2},
+                                  {"arch": "distilbert", "layers": 2, "hidden": 64, "heads": 4, "intermediate": 128}])
+def test_set_dropout_reaches_every_dropout_and_survives_saving(tmp_path, spec):
+    torch.manual_seed(0)
+    shape = resolve_shape(spec)
+    student = build_student(shape, 200, head="sequence-classification")
+    ids = torch.randint(5, 200, (2, 6))
+    mask = torch.ones_like(ids)
+    mask[1, 4:] = 0
+    student.train()
+    assert not torch.equal(student(input_ids=ids, attention_mask=mask).logits,
+                           student(input_ids=ids, attention_mask=mask).logits)  # dropout on: two draws differ
+    set_dropout(student, 0.0)
+    torch.testing.assert_close(student(input_ids=ids, attention_mask=mask).logits,
+                               student(input_ids=ids, attention_mask=mask).logits, rtol=0, atol=0)
+    student.save_pretrained(tmp_path / "s")
+    again = tr.AutoModelForSequenceClassification.from_pretrained(tmp_path / "s").train()
+    assert {m.p for m in again.modules() if isinstance(m, torch.nn.Dropout)} == {0.0}
+    torch.testing.assert_close(again(input_ids=ids, attention_mask=mask).logits,
+                               student(input_ids=ids, attention_mask=mask).logits)
