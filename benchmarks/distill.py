@@ -27,6 +27,7 @@ import torch
 import transformers
 
 from distillery.layer_map import build_layer_map
+from distillery.models import StudentShape, student_config
 from distillery.objectives import ObjectiveWeights
 from distillery.training.distill import Distiller, DistillSettings, make_projection
 from distillery.training.grid import prediction_grid
@@ -40,9 +41,7 @@ TEACHER, STUDENT = (12, 768, 12, 3072), (4, 312, 12, 1200)
 
 
 def bert_config(shape: tuple[int, int, int, int], vocab: int = VOCAB) -> transformers.BertConfig:
-    layers, hidden, heads, inter = shape
-    return transformers.BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
-                                   num_attention_heads=heads, intermediate_size=inter, num_labels=2)
+    return student_config(StudentShape(*shape), vocab, num_labels=2)
 
 
 def _bert(shape: tuple[int, int, int, int], vocab: int) -> transformers.BertForSequenceClassification:

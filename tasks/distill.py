@@ -233,8 +233,8 @@ def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
         finish(out / "intermediate")
         curve = step1 / "train_log.csv"
         # Step 2: prediction layer over the grid; teacher logits computed once and reused by every run.
-        step2 = _with_task_dropout(recipe, lambda: AutoModelForSequenceClassification.from_pretrained(str(step1), **labels))
-        grid = prediction_grid(teacher, step2,
+        # (step 1's saved config carries the recipe's task_dropout, so the reload keeps it)
+        grid = prediction_grid(teacher, lambda: AutoModelForSequenceClassification.from_pretrained(str(step1), **labels),
                                train, dev, out / "grid", **grid_args(pr), **distill_args)
     else:
         grid = prediction_grid(None, start, train, dev, out / "grid", mode="finetune",

@@ -5,7 +5,6 @@ import torch
 import transformers as tr
 
 from distillery.models import (
-    set_dropout,
     PAPER_PARAMS_M,
     PRESETS,
     ModelConfigError,
@@ -18,6 +17,7 @@ from distillery.models import (
     num_layers,
     num_parameters,
     resolve_shape,
+    set_dropout,
     student_config,
 )
 
