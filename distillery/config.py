@@ -212,6 +212,9 @@ class TaskDistillationSection(Section):
     intermediate: IntermediateSection = IntermediateSection()
     prediction: PredictionSection = PredictionSection()
     finetune: GridSection = GridSection()  # the task stage of MiniLM / DistilBERT / MobileBERT students (gold labels)
+    # Every student's dropout rate (all its dropout layers and config keys) in the task stage, distilled and direct
+    # baseline alike; None: the student's own config's (BERT's 0.1, as in the official code).
+    student_dropout: float | None = Field(None, ge=0, lt=1)
 
 
 class EvaluationSection(Section):
@@ -264,6 +267,27 @@ class OrchestrationSection(Section):
     dask_address: str = ""
 
 
+class TaskOverrides(Section):
+    """One task's own settings (`per_task.<task>`): partial `finetune`, `augment` and `task_distillation` sections,
+    merged key by key over the run's for that task's stages (`Params.for_task`). Only sections that no other task's
+    stage reads can differ per task."""
+
+    finetune: dict[str, Any] = Field(default_factory=dict)
+    augment: dict[str, Any] = Field(default_factory=dict)
+    task_distillation: dict[str, Any] = Field(default_factory=dict)
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _deep_merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return out
+
+
+def _merged(section: Section, part: dict[str, Any]) -> Section:
+    return type(section).model_validate(_deep_merge(section.model_dump(), part))
+
+
 class Params(Section):
     seed: int = 42
     data: DataSection = DataSection()
@@ -280,6 +304,24 @@ class Params(Section):
     registry: RegistrySection = RegistrySection()
     distributed: DistributedSection = DistributedSection()
     orchestration: OrchestrationSection = OrchestrationSection()
+    per_task: dict[str, TaskOverrides] = Field(default_factory=dict)
+
+    def for_task(self, task: str | None) -> "Params":
+        """The params a task's stages run with: `per_task.<task>` merged over the run's (self when it has none)."""
+        over = self.per_task.get(task) if task else None
+        if over is None:
+            return self
+        update = {name: _merged(getattr(self, name), part) for name, part in over if part}
+        return self.model_copy(update={**update, "per_task": {}})
+
+    @field_validator("per_task")
+    @classmethod
+    def _tasks_of_the_run(cls, v: dict[str, TaskOverrides], info: ValidationInfo) -> dict[str, TaskOverrides]:
+        data = info.data.get("data")
+        for task in v:
+            if data is not None and task not in data.tasks:
+                raise ValueError(f"{task!r} is not in data.tasks ({', '.join(data.tasks)})")
+        return v
 
     @field_validator("students", mode="before")
     @classmethod
@@ -314,7 +356,7 @@ class Params(Section):
         return v
 
 
-def _format_error(path: str, exc: ValidationError) -> str:
+def _format_error(path: str, exc: ValidationError, prefix: str = "") -> str:
     lines = []
     for err in exc.errors():
         loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
@@ -322,7 +364,7 @@ def _format_error(path: str, exc: ValidationError) -> str:
             loc.pop(2)  # the recipe tag pydantic puts in the location of a tagged union
         if len(loc) > 3 and loc[0] == "students" and loc[2] == "init" and loc[3] in INIT_KINDS:
             loc.pop(3)
-        key = ".".join(str(p) for p in loc)
+        key = ".".join([prefix] * bool(prefix) + [str(p) for p in loc])
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
@@ -335,9 +377,16 @@ def parse_params(data: dict[str, Any], path: str = "params.yaml") -> Params:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     try:
-        return Params.model_validate(data)
+        p = Params.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_error(path, exc)) from None
+    for task, over in p.per_task.items():
+        for name, part in over:
+            try:
+                _merged(getattr(p, name), part)
+            except ValidationError as exc:
+                raise ConfigError(_format_error(path, exc, f"per_task.{task}.{name}")) from None
+    return p
 
 
 def resolve_path(path: str, root: Path) -> Path:
@@ -377,6 +426,11 @@ def has_mlm_head(name_or_path: str, root: Path) -> bool | None:
     return any(a.endswith(("ForMaskedLM", "ForPreTraining")) for a in archs)
 
 
+def augment_sections(p: Params) -> list[AugmentSection]:
+    """The `augment` settings each task runs with (its own under `per_task`, else the run's)."""
+    return [p.for_task(t).augment for t in p.data.tasks]
+
+
 def _root(path: str, root: Path | None) -> Path:
     root = Path(root) if root is not None else Path(path).resolve().parent
     return root.parent if root.name == "params" else root  # a preset in params/: paths are relative to the project
@@ -386,7 +440,7 @@ def check_params(p: Params, path: str = "params.yaml", root: Path | None = None)
     """What params alone can tell beyond the schema: every student recipe against its teacher (layer maps,
     heads, widths, relation heads, teacher layers, MLM head for pre-training distillation), local checkpoints."""
     root = _root(path, root)
-    if p.augment.enabled and p.augment.mlm == "teacher" and not p.pretrain.enabled:
+    if any(a.enabled and a.mlm == "teacher" for a in augment_sections(p)) and not p.pretrain.enabled:
         raise ConfigError(f"{path}: augment.mlm: 'teacher' is the pre-training stage's MLM and needs pretrain.enabled; "
                           "give a masked-LM checkpoint (directory or Hub name) instead, or set augment.enabled: false")
     _check_students(p, teacher_dims(p, root), path, root)
@@ -494,16 +548,17 @@ def check_inputs(p: Params, path: str = "params.yaml", root: Path | None = None)
             local = _check_file(entry, root, f"corpus.paths[{i}]", path, directory_ok=True)
             if local.is_dir() and not any(local.rglob("*.txt")):
                 raise ConfigError(f"{path}: corpus.paths[{i}]: directory {local} holds no .txt file")
-    if p.augment.enabled and p.word_vectors.source == "file":
+    augments = [a for a in augment_sections(p) if a.enabled]
+    if augments and p.word_vectors.source == "file":
         _check_file(p.word_vectors.path, root, "word_vectors.path", path)
-    if p.augment.enabled and p.augment.mlm != "teacher":
-        config = _check_model_ref(p.augment.mlm, root, "augment.mlm", path, "masked-LM")
+    for mlm in dict.fromkeys(a.mlm for a in augments if a.mlm != "teacher"):
+        config = _check_model_ref(mlm, root, "augment.mlm", path, "masked-LM")
         if config is not None:
             import json
 
             archs = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
             if archs and not any(a.endswith(("ForMaskedLM", "ForPreTraining")) for a in archs):
-                raise ConfigError(f"{path}: augment.mlm: {p.augment.mlm} has no MLM head (saved as {archs[0]}); "
+                raise ConfigError(f"{path}: augment.mlm: {mlm} has no MLM head (saved as {archs[0]}); "
                                   "give a masked-LM checkpoint (…ForMaskedLM), or 'teacher' with pretrain.enabled")
     for name, recipe in p.students.items():
         if recipe.init.kind == "checkpoint":

@@ -157,8 +157,6 @@ class Recipe(Section):
     objectives: dict[str, float] | None = None  # None: the paper's (``OBJECTIVES_DEFAULT``)
     general_distillation: bool | None = None    # None: on unless init is a checkpoint (see ``runs_general``)
     teacher_train_mode: bool = False            # official TinyBERT: teacher dropout on while distilling
-    task_dropout: float | None = Field(None, ge=0, lt=1)  # the student's dropout in the task stage, distilled
-                                                # and direct baseline alike; None: its config's (BERT 0.1)
 
     #: RECIPES entry with the paper's objective weights; objectives the general stage can compute.
     OBJECTIVES_DEFAULT: ClassVar[str] = ""

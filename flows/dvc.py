@@ -49,6 +49,7 @@ PARAM_KEYS = {
     "baselines": "evaluation.baselines",
     "max_eval_examples": "data.max_eval_examples",
     "direct_finetune": "task_distillation.finetune",
+    "student_dropout": "task_distillation.student_dropout",
 }
 
 
@@ -88,9 +89,13 @@ def _present(raw: dict[str, Any], dotted: str) -> str | None:
 
 
 def param_keys(stage_name: str, declared: dict[str, Any], item: str | None, raw: dict[str, Any]) -> list[str]:
-    """The params-file keys behind the keys of `Stage.params(p, item)` (None values are not read by the stage)."""
-    from distillery.config import Params
+    """The params-file keys behind the keys of `Stage.params(p, item)` (None values are not read by the stage), with
+    their `per_task.<task>` counterparts: for the item's task, or every task for a stage without one (the report)."""
+    from distillery.config import Params, TaskOverrides
 
+    per_task = raw.get("per_task") if isinstance(raw.get("per_task"), dict) else {}
+    task = item.rpartition(":")[2] if item else None
+    tasks = [task] if task in per_task else list(per_task) if item is None else []
     keys: list[str] = []
     for key, value in declared.items():
         if key == "student":
@@ -103,9 +108,10 @@ def param_keys(stage_name: str, declared: dict[str, Any], item: str | None, raw:
             raise ValueError(f"{stage_name}: params key {key!r} has no params.yaml key: map it in flows/dvc.py PARAM_KEYS")
         if value is None:
             continue
-        present = _present(raw, dotted)
-        if present is not None and present not in keys:
-            keys.append(present)
+        present = [_present(raw, dotted)]
+        if dotted.split(".")[0] in TaskOverrides.model_fields:  # a section a task may set for itself
+            present += [k for t in tasks if _present(raw, k := f"per_task.{t}.{dotted}") == k]  # else not set there
+        keys += [k for k in present if k is not None and k not in keys]
     return keys
 
 

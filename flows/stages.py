@@ -24,13 +24,14 @@ def items(stage: str, p: Params) -> list[str | None]:
     """The items a stage runs for under params `p` ([] when the stage is switched off)."""
     tasks, students = list(p.data.tasks), list(p.students)
     pairs = [f"{s}:{t}" for s in students for t in tasks]
+    augmented = [t for t in tasks if p.for_task(t).augment.enabled]
     return {
         "prepare_corpus": [None],
         "prepare_task": tasks,
         "pretrain": [None] if p.pretrain.enabled else [],
-        "word_vectors": [None] if p.augment.enabled else [],
+        "word_vectors": [None] if augmented else [],
         "finetune_teacher": tasks,
-        "augment": tasks if p.augment.enabled else [],
+        "augment": augmented,
         "teacher_assistant": [s for s in students if needs_assistant(p, s)],
         "ib_teacher": mobilebert_students(p),
         "knowledge_transfer": mobilebert_students(p, transfer_stage=True),

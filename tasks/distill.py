@@ -161,19 +161,20 @@ def _task_student(p: Params, student: str, teacher, tokenizer, labels: dict[str,
 
     recipe = p.students[student]
     if recipe.runs_general:
-        return _with_task_dropout(recipe, lambda: AutoModelForSequenceClassification.from_pretrained(
+        return _with_student_dropout(p, lambda: AutoModelForSequenceClassification.from_pretrained(
             str(paths.general_student(student) / "model"), **labels))
-    return _with_task_dropout(recipe, lambda: init_student(recipe, teacher, tokenizer, head="sequence-classification",
-                                                           **labels))
+    return _with_student_dropout(p, lambda: init_student(recipe, teacher, tokenizer, head="sequence-classification",
+                                                         **labels))
 
 
-def _with_task_dropout(recipe, factory):
-    """`factory`, its models given the recipe's `task_dropout` (unchanged when that is unset)."""
-    if recipe.task_dropout is None:
+def _with_student_dropout(p: Params, factory):
+    """`factory`, its models given `task_distillation.student_dropout` (unchanged when that is unset)."""
+    rate = p.task_distillation.student_dropout
+    if rate is None:
         return factory
     from distillery.models import set_dropout
 
-    return lambda: set_dropout(factory(), recipe.task_dropout)
+    return lambda: set_dropout(factory(), rate)
 
 
 def _task_teacher(task: str):
@@ -233,7 +234,7 @@ def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
         finish(out / "intermediate")
         curve = step1 / "train_log.csv"
         # Step 2: prediction layer over the grid; teacher logits computed once and reused by every run.
-        # (step 1's saved config carries the recipe's task_dropout, so the reload keeps it)
+        # (step 1's saved config carries task_distillation.student_dropout, so the reload keeps it)
         grid = prediction_grid(teacher, lambda: AutoModelForSequenceClassification.from_pretrained(str(step1), **labels),
                                train, dev, out / "grid", **grid_args(pr), **distill_args)
     else:
@@ -286,8 +287,8 @@ def run_baseline(p: Params, item: str) -> dict[str, Any]:
     train, dev = _train_set(p, task, tokenizer, augmented=False)
     out = paths.baseline(student, task)
     recipe = p.students[student]
-    start = _with_task_dropout(recipe, lambda: init_student(recipe, teacher, tokenizer, head="sequence-classification",
-                                                            **labels))
+    start = _with_student_dropout(p, lambda: init_student(recipe, teacher, tokenizer, head="sequence-classification",
+                                                          **labels))
     grid = prediction_grid(None, start, train, dev, out / "grid", mode="finetune",
                            **_grid_args(p, task, p.task_distillation.finetune, tokenizer))
     return _keep_best(grid, out)
@@ -361,6 +362,7 @@ BASELINE = Stage(
     params=lambda p, item: {"seed": p.seed, "max_length": p.data.max_length,
                             "student": p.students[split_item(item)[0]].model_dump(mode="json"),
                             "direct_finetune": p.task_distillation.finetune.model_dump(mode="json"),
+                            "student_dropout": p.task_distillation.student_dropout,
                             **distributed_params(p)},
     code=TRAINING_CODE + ("distillery/glue", "tasks/distill.py", "tasks/teacher.py"),
 )

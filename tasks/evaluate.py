@@ -187,7 +187,7 @@ def _summary(p: Params) -> dict[str, Any]:
     for task in p.data.tasks:
         results = json.loads(paths.evaluation(task).read_text())
         teacher_main = results["teacher"]["main"]
-        passed = beats_trivial(p, teacher_main, results["trivial"]["main"])
+        passed = beats_trivial(p.for_task(task), teacher_main, results["trivial"]["main"])
         all_passed = all_passed and passed
         main[task] = {name: r["main"] for name, r in results.items()}
         summary[task] = {}
@@ -238,6 +238,6 @@ REPORT = Stage(
     outs=lambda p, _: [paths.summary(), paths.REPORTS / "table.md"],
     params=lambda p, _: {"tasks": p.data.tasks, "students": sorted(p.students), "baselines": p.evaluation.baselines,
                          "max_eval_examples": p.data.max_eval_examples,
-                         "min_gain_over_trivial": p.finetune.min_gain_over_trivial},
+                         "min_gain_over_trivial": {t: p.for_task(t).finetune.min_gain_over_trivial for t in p.data.tasks}},
     code=("distillery/report.py", "tasks/evaluate.py"),
 )

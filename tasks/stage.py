@@ -15,6 +15,7 @@ the same way. DVC reaches the same decision from `dvc.yaml` (same deps, same par
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -47,6 +48,23 @@ class Stage:
         # every stage reads its params through distillery/config.py, where their defaults live: editing a default
         # reruns the stage in the flow (its key) and in `dvc repro` (a dep of every stage in dvc.yaml)
         object.__setattr__(self, "code", tuple(dict.fromkeys((*self.code, "distillery/config.py"))))
+        # a task's stages (item "<task>" or "<student>:<task>") see its `per_task` settings, in every use of the stage
+        for name in ("run", "deps", "outs", "params"):
+            object.__setattr__(self, name, _for_item(getattr(self, name)))
+
+
+def _for_item(fn: Callable[[Params, str | None], Any]) -> Callable[[Params, str | None], Any]:
+    """`fn` given the params of the item's task (`Params.for_task`; other items: the run's). A student named like a
+    task would get that task's sections, which no student stage reads."""
+    if getattr(fn, "for_item", False):
+        return fn
+
+    @functools.wraps(fn)
+    def scoped(p: Params, item: str | None) -> Any:
+        return fn(p.for_task(item.rpartition(":")[2]) if item else p, item)
+
+    scoped.for_item = True
+    return scoped
 
 
 @lru_cache(maxsize=4096)

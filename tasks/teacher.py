@@ -158,6 +158,7 @@ def teacher_gate(p: Params, task: str) -> None:
 
     from distillery import glue
 
+    p = p.for_task(task)
     metrics_file = paths.teacher(task) / "model" / "metrics.json"
     metrics = {k.removeprefix("eval_"): v for k, v in json.loads(metrics_file.read_text()).items()}
     score = glue.main_score(task, metrics)

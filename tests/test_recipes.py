@@ -91,7 +91,6 @@ BAD = [
     ({"shape": {"layers": 2, "hidden": 30, "heads": 4, "intermediate": 64}}, "students.tinybert-demo.shape",
      "divisible"),
     ({"shape": {"preset": "tinybert9"}}, "students.tinybert-demo.shape", "unknown student preset"),
-    ({"task_dropout": 1.5}, "students.tinybert-demo.task_dropout", "less than 1"),
 ]
 
 
@@ -277,17 +276,17 @@ def test_masking_follows_the_official_rates(tok):
     assert rare.max() > rare.min()
 
 
-def test_task_dropout_reaches_the_task_stage_students(tok):
-    from tasks.distill import _with_task_dropout
+def test_student_dropout_reaches_the_task_stage_students(tok):
+    from tasks.distill import _with_student_dropout
 
     def factory():
         torch.manual_seed(0)
         return transformers.BertForSequenceClassification(bert_config(len(tok), 2, hidden=32, heads=2, inter=64))
 
     data = demo()
-    recipe = parse_params(data).students["tinybert-demo"]
-    assert recipe.task_dropout is None and _with_task_dropout(recipe, factory) is factory  # default: the config's
-    data["students"]["tinybert-demo"]["task_dropout"] = 0.0
-    model = _with_task_dropout(parse_params(data).students["tinybert-demo"], factory)()
+    p = parse_params(data)
+    assert p.task_distillation.student_dropout is None and _with_student_dropout(p, factory) is factory  # the config's
+    data["task_distillation"]["student_dropout"] = 0.0
+    model = _with_student_dropout(parse_params(data), factory)()
     assert {m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)} == {0.0}
     assert model.config.hidden_dropout_prob == model.config.attention_probs_dropout_prob == 0.0

@@ -1,0 +1,115 @@
+"""`per_task.<task>`: a task's own finetune / augment / task_distillation settings, merged over the run's, reach
+exactly that task's stages (their bodies, cache keys and dvc.yaml params) and no other's."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from distillery.config import ConfigError, augment_sections, parse_params
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def two_tasks(per_task: dict | None = None) -> dict:
+    data = yaml.safe_load((ROOT / "params.yaml").read_text())
+    data["data"].update(source="local", glue_dir="glue", tasks=["sst2", "cola"])
+    if per_task is not None:
+        data["per_task"] = per_task
+    return data
+
+
+SST2 = {"sst2": {"finetune": {"epochs": 1}, "task_distillation": {"student_dropout": 0.1, "prediction": {"epochs": 1}}}}
+
+
+def test_a_tasks_settings_merge_over_the_runs_key_by_key():
+    p = parse_params(two_tasks(SST2))
+    sst2, cola = p.for_task("sst2"), p.for_task("cola")
+    assert sst2.finetune.epochs == 1 and sst2.finetune.lr == p.finetune.lr  # the rest of the section is the run's
+    assert sst2.task_distillation.student_dropout == 0.1
+    assert sst2.task_distillation.prediction.epochs == 1
+    assert sst2.task_distillation.prediction.lrs == p.task_distillation.prediction.lrs  # merged one level down too
+    assert sst2.task_distillation.intermediate == p.task_distillation.intermediate
+    assert sst2.per_task == {} and sst2.for_task("sst2") is sst2  # applied once
+    assert cola is p and p.finetune.epochs != 1 and p.task_distillation.student_dropout is None
+    assert p.for_task(None) is p
+
+
+def test_stages_of_a_task_see_its_settings_and_no_other_stage_does():
+    from flows.stages import STAGES
+    from tasks.stage import stage_key
+
+    p, plain = parse_params(two_tasks(SST2)), parse_params(two_tasks())
+    baseline, finetune = STAGES["baseline"], STAGES["finetune_teacher"]
+    assert baseline.params(p, "tinybert-demo:sst2")["student_dropout"] == 0.1
+    assert baseline.params(p, "tinybert-demo:cola")["student_dropout"] is None
+    assert finetune.params(p, "sst2")["finetune"]["epochs"] == 1
+    # the cache keys: only the overridden task's stages change
+    assert stage_key(finetune, p, "sst2") != stage_key(finetune, plain, "sst2")
+    assert stage_key(finetune, p, "cola") == stage_key(finetune, plain, "cola")
+    assert stage_key(STAGES["task_distillation"], p, "tinybert-demo:cola") == \
+        stage_key(STAGES["task_distillation"], plain, "tinybert-demo:cola")
+    assert stage_key(STAGES["general_distillation"], p, "tinybert-demo") == \
+        stage_key(STAGES["general_distillation"], plain, "tinybert-demo")
+
+    seen = {}
+    stage = STAGES["task_distillation"]
+    from dataclasses import replace
+
+    spy = replace(stage, run=lambda q, item: seen.setdefault(item, q.task_distillation.prediction.epochs))
+    spy.run(p, "tinybert-demo:sst2")
+    spy.run(p, "tinybert-demo:cola")
+    assert seen == {"tinybert-demo:sst2": 1, "tinybert-demo:cola": p.task_distillation.prediction.epochs}
+
+
+def test_augmentation_off_for_one_task():
+    from flows.stages import items
+
+    p = parse_params(two_tasks({"cola": {"augment": {"enabled": False}}}))
+    assert items("augment", p) == ["sst2"] and items("word_vectors", p) == [None]
+    assert [a.enabled for a in augment_sections(p)] == [True, False]
+    p = parse_params(two_tasks({"sst2": {"augment": {"enabled": False}}, "cola": {"augment": {"enabled": False}}}))
+    assert items("augment", p) == [] and items("word_vectors", p) == []
+
+
+def test_dvc_stages_track_their_tasks_keys_only():
+    from flows.dvc import param_keys
+    from flows.stages import STAGES
+
+    raw = two_tasks(SST2)
+    p = parse_params(raw)
+
+    def keys(stage, item):
+        return param_keys(stage, STAGES[stage].params(p, item), item, raw)
+
+    assert "per_task.sst2.task_distillation.student_dropout" in keys("baseline", "tinybert-demo:sst2")
+    assert "per_task.sst2.task_distillation" not in keys("baseline", "tinybert-demo:sst2")  # not its grid
+    assert "per_task.sst2.task_distillation" in keys("task_distillation", "tinybert-demo:sst2")
+    assert "per_task.sst2.finetune" in keys("finetune_teacher", "sst2")
+    assert not any(k.startswith("per_task") for k in keys("baseline", "tinybert-demo:cola")
+                   + keys("finetune_teacher", "cola") + keys("augment", "sst2") + keys("report", None))
+
+
+@pytest.mark.parametrize("per_task,match", [
+    ({"qnli": {"finetune": {"epochs": 1}}}, r"params.yaml: per_task: 'qnli' is not in data.tasks \(sst2, cola\)"),
+    ({"sst2": {"finetune": {"epochs": 0}}}, r"params.yaml: per_task.sst2.finetune.epochs: .*greater than 0"),
+    ({"sst2": {"finetune": {"epoch": 1}}}, r"params.yaml: per_task.sst2.finetune.epoch: unknown key"),
+    ({"sst2": {"pretrain": {"epochs": 1}}}, r"params.yaml: per_task.sst2.pretrain: unknown key"),
+    ({"sst2": {"task_distillation": {"student_dropout": 1.5}}},
+     r"params.yaml: per_task.sst2.task_distillation.student_dropout: .*less than 1"),
+    ({"sst2": {"task_distillation": {"prediction": {"lrs": [0.0]}}}},
+     r"params.yaml: per_task.sst2.task_distillation.prediction.lrs: .*every learning rate"),
+])
+def test_bad_per_task_settings_name_the_key(per_task, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_params(two_tasks(per_task))
+
+
+def test_the_mlm_of_augmentation_is_checked_for_every_task():
+    from distillery.config import check_params
+
+    data = two_tasks({"cola": {"augment": {"enabled": True}}})
+    data["augment"]["enabled"] = False
+    data["pretrain"]["enabled"] = False
+    with pytest.raises(ConfigError, match=r"augment.mlm: 'teacher' is the pre-training stage's MLM"):
+        check_params(parse_params(data), root=ROOT)
