@@ -341,19 +341,25 @@ class Params(Section):
     def _batches_split_evenly(cls, v: DistributedSection, info: ValidationInfo) -> DistributedSection:
         """Every batch size is the global batch: it must split evenly across the processes (sections that failed
         their own validation are not in `info.data` and are skipped)."""
-        n, d = v.nproc_per_node, info.data
-        td = d.get("task_distillation")
-        batches = {f"{k}.batch_size": [d[k].batch_size] for k in ("pretrain", "finetune", "general_distillation")
-                   if k in d}
-        if td is not None:
-            batches.update({"task_distillation.intermediate.batch_size": [td.intermediate.batch_size],
-                            "task_distillation.prediction.batch_sizes": td.prediction.batch_sizes,
-                            "task_distillation.finetune.batch_sizes": td.finetune.batch_sizes})
-        for key, values in batches.items():
-            if any(b % n for b in values):
-                raise ValueError(f"nproc_per_node={n} does not divide {key} ({', '.join(map(str, values))}): every "
-                                 f"batch size in params is the global batch, split evenly across the processes")
+        problem = _uneven_batches(v.nproc_per_node, info.data)
+        if problem:
+            raise ValueError(problem)
         return v
+
+
+def _uneven_batches(n: int, d: dict[str, Any]) -> str | None:
+    """What is wrong when a batch size of the sections `d` does not split evenly across `n` processes."""
+    td = d.get("task_distillation")
+    batches = {f"{k}.batch_size": [d[k].batch_size] for k in ("pretrain", "finetune", "general_distillation") if k in d}
+    if td is not None:
+        batches.update({"task_distillation.intermediate.batch_size": [td.intermediate.batch_size],
+                        "task_distillation.prediction.batch_sizes": td.prediction.batch_sizes,
+                        "task_distillation.finetune.batch_sizes": td.finetune.batch_sizes})
+    for key, values in batches.items():
+        if any(b % n for b in values):
+            return (f"nproc_per_node={n} does not divide {key} ({', '.join(map(str, values))}): every batch size in "
+                    "params is the global batch, split evenly across the processes")
+    return None
 
 
 def _format_error(path: str, exc: ValidationError, prefix: str = "") -> str:
@@ -386,6 +392,10 @@ def parse_params(data: dict[str, Any], path: str = "params.yaml") -> Params:
                 _merged(getattr(p, name), part)
             except ValidationError as exc:
                 raise ConfigError(_format_error(path, exc, f"per_task.{task}.{name}")) from None
+        q = p.for_task(task)
+        problem = _uneven_batches(q.distributed.nproc_per_node, dict(q))
+        if problem:
+            raise ConfigError(f"{path}: per_task.{task}: {problem}")
     return p
 
 

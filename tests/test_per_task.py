@@ -105,6 +105,14 @@ def test_bad_per_task_settings_name_the_key(per_task, match):
         parse_params(two_tasks(per_task))
 
 
+def test_a_tasks_batch_sizes_must_split_across_the_processes():
+    data = two_tasks({"cola": {"task_distillation": {"prediction": {"batch_sizes": [31]}}}})
+    data["distributed"] = {"nproc_per_node": 2}
+    with pytest.raises(ConfigError, match=r"per_task.cola: nproc_per_node=2 does not divide "
+                                          r"task_distillation.prediction.batch_sizes \(31\)"):
+        parse_params(data)
+
+
 def test_the_mlm_of_augmentation_is_checked_for_every_task():
     from distillery.config import check_params
 
