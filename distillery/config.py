@@ -13,18 +13,16 @@ import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from distillery.errors import UserError
+from distillery.models import Dims
 from distillery.recipes import (
+    INIT_KINDS,
     RECIPE_NAMES,
-    Dims,
     RecipeError,
     Section,
     Shape,
     StudentRecipe,
-    check_recipe,
     recipe_from_yaml,
 )
-
-INIT_KINDS = ("random", "teacher_layers", "checkpoint")
 #: data.tasks accepted per data.source: the demo generator writes only `demo`; the GLUE tasks with a training
 #: split (MNLI-mm and AX are predicted by the MNLI model); a local directory may also hold generated tasks.
 TRAINABLE_GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
@@ -472,7 +470,7 @@ def _check_students(p: Params, teacher: Dims | None, path: str, root: Path) -> N
                               "pretrain.enabled, or a teacher checkpoint saved with one")
         if teacher is not None:
             try:
-                check_recipe(recipe, teacher, key)
+                recipe.check(teacher, key)
             except RecipeError as exc:
                 raise ConfigError(f"{path}: {exc}") from None
 

@@ -105,7 +105,7 @@ def convert_bert(bert: PreTrainedModel, student: StudentShape) -> PreTrainedMode
     trigram input of that width, the embedding transformation starts as the identity on the middle token. The
     bottleneck linears start as the identity when square, else at random; the MLM output bias is always copied.
     """
-    from distillery.recipes import Dims
+    from distillery.models import Dims
 
     bc = bert.config
     shape = converted_shape(student, Dims.of_config(bc))

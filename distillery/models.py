@@ -402,6 +402,28 @@ def hidden_size(model_or_config: nn.Module | PretrainedConfig) -> int:
     return int(_config(model_or_config).hidden_size)
 
 
+@dataclass(frozen=True)
+class Dims:
+    """What the recipe checks need to know of a model: depth, width, heads, FFN size, vocabulary, architecture."""
+
+    layers: int
+    hidden: int
+    heads: int
+    intermediate: int
+    vocab: int | None = None
+    arch: str = "bert"
+
+    @classmethod
+    def of_config(cls, cfg: PretrainedConfig) -> "Dims":
+        inter = getattr(cfg, "intermediate_size", None) or getattr(cfg, "hidden_dim", 0)
+        return cls(num_layers(cfg), hidden_size(cfg), num_heads(cfg), int(inter), getattr(cfg, "vocab_size", None),
+                   cfg.model_type)
+
+    @classmethod
+    def of_shape(cls, shape: "StudentShape", vocab: int | None = None) -> "Dims":
+        return cls(shape.layers, shape.hidden, shape.heads, shape.intermediate, vocab, shape.arch)
+
+
 def num_parameters(model: nn.Module, *, trainable_only: bool = False) -> int:
     """Parameter count, tied weights counted once."""
     seen: set[int] = set()

@@ -4,24 +4,25 @@ from __future__ import annotations
 
 from tasks.augment import AUGMENT
 from tasks.data import PREPARE_CORPUS, PREPARE_TASK, WORD_VECTORS
-from tasks.distill import BASELINE, GENERAL_DISTILLATION, TASK_DISTILLATION, TEACHER_ASSISTANT, needs_assistant
+from tasks.distill import BASELINE, STUDENT_STAGES, TASK_DISTILLATION, students_with
 from tasks.evaluate import EVALUATE, REPORT
 from tasks.register import REGISTER
 from tasks.stage import Stage
 from tasks.teacher import FINETUNE_TEACHER, PRETRAIN
-from tasks.transfer import IB_TEACHER, KNOWLEDGE_TRANSFER, mobilebert_students
 
 from distillery.config import Params
 
 STAGES: dict[str, Stage] = {s.name: s for s in (
-    PREPARE_CORPUS, PREPARE_TASK, PRETRAIN, WORD_VECTORS, FINETUNE_TEACHER, AUGMENT,
-    TEACHER_ASSISTANT, IB_TEACHER, KNOWLEDGE_TRANSFER, GENERAL_DISTILLATION, TASK_DISTILLATION, BASELINE, EVALUATE,
-    REGISTER, REPORT,
+    PREPARE_CORPUS, PREPARE_TASK, PRETRAIN, WORD_VECTORS, FINETUNE_TEACHER, AUGMENT, *STUDENT_STAGES,
+    TASK_DISTILLATION, BASELINE, EVALUATE, REGISTER, REPORT,
 )}
+STUDENT_STAGE_NAMES = frozenset(s.name for s in STUDENT_STAGES)
 
 
 def items(stage: str, p: Params) -> list[str | None]:
     """The items a stage runs for under params `p` ([] when the stage is switched off)."""
+    if stage in STUDENT_STAGE_NAMES:  # the students whose recipe adds it
+        return students_with(p, stage)
     tasks, students = list(p.data.tasks), list(p.students)
     pairs = [f"{s}:{t}" for s in students for t in tasks]
     augmented = [t for t in tasks if p.for_task(t).augment.enabled]
@@ -32,10 +33,6 @@ def items(stage: str, p: Params) -> list[str | None]:
         "word_vectors": [None] if augmented else [],
         "finetune_teacher": tasks,
         "augment": augmented,
-        "teacher_assistant": [s for s in students if needs_assistant(p, s)],
-        "ib_teacher": mobilebert_students(p),
-        "knowledge_transfer": mobilebert_students(p, transfer_stage=True),
-        "general_distillation": [s for s in students if p.students[s].runs_general],
         "task_distillation": pairs,
         "baseline": pairs if p.evaluation.baselines else [],
         "evaluate": tasks,

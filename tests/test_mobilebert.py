@@ -16,7 +16,8 @@ from distillery.corpus import sentence_pairs
 from distillery.ib_teacher import IBShapeError, convert_bert, converted_shape, scratch_shape
 from distillery.models import build_student, load_model, num_parameters, resolve_shape
 from distillery.objectives import ObjectiveWeights, attention_transfer_loss, feature_map_loss
-from distillery.recipes import Dims, MobileBertRecipe, RecipeError, check_recipe
+from distillery.models import Dims
+from distillery.recipes import MobileBertRecipe, RecipeError
 from distillery.training.distill import DistillSettings, Distiller, distill
 from distillery.training.log import read_log
 from distillery.training.pretraining_distillation import nsp_dataset
@@ -143,21 +144,21 @@ def test_recipe_checks_name_the_key():
     teacher = Dims(4, 128, 4, 512, 500, "bert")
     ok = MobileBertRecipe(shape={"preset": "mobilebert-tiny", "layers": 4, "hidden": 128, "intermediate": 128,
                                  "intra": 32, "embedding": 128})
-    check_recipe(ok, teacher, "students.mb")
+    ok.check(teacher, "students.mb")
     for layers in (3, 6):
         other = ok.model_copy(update={"shape": ok.shape.model_copy(update={"layers": layers})})
         with pytest.raises(RecipeError, match=r"students\.mb\.shape: layer-wise transfer needs the IB teacher's dep"):
-            check_recipe(other, teacher, "students.mb")
+            other.check(teacher, "students.mb")
     bert_shape = MobileBertRecipe(shape={"layers": 4, "hidden": 128, "heads": 4, "intermediate": 128})
     with pytest.raises(RecipeError, match="mobilebert shape"):
-        check_recipe(bert_shape, teacher, "students.mb")
+        bert_shape.check(teacher, "students.mb")
     with pytest.raises(ValueError, match="scratch"):
         MobileBertRecipe(shape={"preset": "mobilebert"}, ib_teacher={"shape": {"preset": "ib-bert-large"}})
     with pytest.raises(ValueError, match="MobileBERT widths"):
         MobileBertRecipe(shape={"layers": 4, "hidden": 128, "heads": 4, "intermediate": 128, "intra": 32})
     paper = MobileBertRecipe(shape={"preset": "mobilebert"},
                              ib_teacher={"init": "scratch", "shape": {"preset": "ib-bert-large"}})
-    check_recipe(paper, Dims(12, 768, 12, 3072, 30522, "bert"), "students.paper")  # the IB teacher sets the depth
+    paper.check(Dims(12, 768, 12, 3072, 30522, "bert"), "students.paper")  # the IB teacher sets the depth
 
 
 # ------------------------------------------------------------------------------------------------ transfer
@@ -338,8 +339,9 @@ def test_stage_items_follow_the_transfer_strategy():
 
     from distillery.config import parse_params
     from flows.stages import items
-    from tasks.distill import _general_deps
+    from tasks.distill import GENERAL_DISTILLATION
 
+    _general_deps = GENERAL_DISTILLATION.deps
     data = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
     data["students"]["mobilebert-demo"]["transfer"] = "auxiliary"
     p = parse_params(data)

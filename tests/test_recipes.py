@@ -14,17 +14,16 @@ import yaml
 
 from distillery.config import ConfigError, check_params, parse_params
 from distillery.layer_map import build_layer_map
+from distillery.models import Dims
 from distillery.recipes import (
     CheckpointMismatchError,
-    Dims,
     DistilBertRecipe,
     MiniLMRecipe,
     TinyBertRecipe,
-    init_student,
     official_teacher_layers,
-    teacher_assistant_dims,
 )
 from distillery.training.distill import distill
+from distillery.training.spec import TrainRun
 from distillery.training.log import read_log
 from distillery.training.masking import SmoothedMaskingCollator, masking_weights, token_counts
 
@@ -162,15 +161,18 @@ def test_teacher_assistant_when_sizes_call_for_it():
     teacher = Dims(12, 768, 12, 3072, 30522)
     small = Dims(6, 384, 12, 1536)
     recipe = MiniLMRecipe(shape={"preset": "minilm-l6-h384"})
-    assert teacher_assistant_dims(recipe, small, teacher) == Dims(12, 384, 12, 1536, 30522, "bert")
-    assert teacher_assistant_dims(recipe, Dims(6, 512, 8, 2048), teacher) is None  # d' > d/2
-    assert teacher_assistant_dims(recipe.model_copy(update={"teacher_assistant": "off"}), small, teacher) is None
+    assert Dims.of_shape(recipe.shape.resolve()) == small
+    assert recipe.assistant_dims(teacher) == Dims(12, 384, 12, 1536, 30522, "bert")
+    wide = MiniLMRecipe(shape={"layers": 6, "hidden": 512, "heads": 8, "intermediate": 2048})
+    assert wide.assistant_dims(teacher) is None  # d' > d/2
+    assert recipe.model_copy(update={"teacher_assistant": "off"}).assistant_dims(teacher) is None
 
 
 def test_pipeline_items_follow_the_recipes():
     from flows.stages import items
-    from tasks.distill import _general_deps
+    from tasks.distill import GENERAL_DISTILLATION
 
+    _general_deps = GENERAL_DISTILLATION.deps
     p = parse_params(demo())
     assert items("teacher_assistant", p) == ["minilm-demo"]  # demo: 2 x 64 student of a 4 x 128 teacher
     assert set(items("general_distillation", p)) == {"tinybert-demo", "minilm-demo", "distilbert-demo",
@@ -195,19 +197,19 @@ def test_checkpoint_init_skips_general_distillation(tmp_path, tok):
     p = check_params(parse_params(data), "params.yaml", ROOT)
     assert "tinybert-demo" not in items("general_distillation", p)
     teacher = transformers.BertForSequenceClassification(bert_config(tok.vocab_size, 4))
-    model = init_student(p.students["tinybert-demo"], teacher, tok, head="sequence-classification", num_labels=2)
+    model = p.students["tinybert-demo"].start_student(teacher, tok, head="sequence-classification", num_labels=2)
     assert torch.equal(model.bert.embeddings.word_embeddings.weight,
                        transformers.BertModel.from_pretrained(ckpt).embeddings.word_embeddings.weight)
     other = transformers.BertTokenizerFast(vocab={**tok.get_vocab(), "zebra": tok.vocab_size})
     with pytest.raises(CheckpointMismatchError, match="vocabulary"):
-        init_student(p.students["tinybert-demo"], teacher, other, head="base")
+        p.students["tinybert-demo"].start_student(teacher, other, head="base")
 
 
 def test_distilbert_init_has_the_teachers_layers(tok):
     teacher = mlm_teacher(tok.vocab_size, layers=4)
     recipe = DistilBertRecipe(shape={"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64, "arch": "distilbert"},
                               init={"teacher_layers": [0, 3]})
-    student = init_student(recipe, teacher, tok, head="mlm")
+    student = recipe.start_student(teacher, tok, head="mlm")
     assert isinstance(student, transformers.DistilBertForMaskedLM)
     for j, i in enumerate([0, 3]):
         s, t = student.distilbert.transformer.layer[j], teacher.bert.encoder.layer[i]
@@ -225,13 +227,15 @@ def test_distilbert_init_has_the_teachers_layers(tok):
 def test_distilbert_pretraining_distillation_trains(tok, tmp_path):
     teacher = mlm_teacher(tok.vocab_size)
     recipe = DistilBertRecipe(shape={"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64, "arch": "distilbert"})
-    student = init_student(recipe, teacher, tok, head="mlm")
+    student = recipe.start_student(teacher, tok, head="mlm")
     train = encoded(tok, 256, seed=3).select_columns(["input_ids"])
     weights = masking_weights(token_counts(train["input_ids"], len(tok)), recipe.mask_smoothing, tok.all_special_ids)
-    out = distill(teacher, student, train, None, tmp_path / "pd", objectives=recipe.weights, stage="pretraining",
-                  tokenizer=tok, data_collator=SmoothedMaskingCollator(tok, weights, seed=0),
-                  args={**FAST, "logging_steps": 2, **recipe.train_options()}, learning_rate=5e-3,
-                  per_device_train_batch_size=16, num_train_epochs=3, **recipe.options())
+    spec = recipe.layer_wise_spec(2, 4).with_(stage="pretraining")  # the recipe's own 5/2/1 at T = 2
+    assert spec.options.temperature == 2.0 and dict(spec.objectives.weights) == dict(recipe.weights.weights)
+    out = distill(teacher, student, spec, TrainRun(
+        tmp_path / "pd", train, tokenizer=tok, data_collator=SmoothedMaskingCollator(tok, weights, seed=0),
+        args={**FAST, "logging_steps": 2, **recipe.train_options(), "learning_rate": 5e-3,
+              "per_device_train_batch_size": 16, "num_train_epochs": 3}))
     rows = [r for r in read_log(out / "train_log.csv") if r.get("loss")]
     assert {"train_soft_target_loss", "train_mlm_loss", "train_cosine_loss"} <= set(rows[0])
     def mean(key, part):
@@ -250,11 +254,12 @@ def test_minilm_general_distillation_trains_a_narrower_student(tok, tmp_path, ob
     teacher = transformers.BertModel(bert_config(tok.vocab_size, 4, hidden=32, heads=2)).eval()
     recipe = MiniLMRecipe(shape={"layers": 2, "hidden": 16, "heads": 2, "intermediate": 32}, objectives=objectives,
                           relation_heads=4)
-    student = init_student(recipe, teacher, tok, head="base")
+    student = recipe.start_student(teacher, tok, head="base")
     train = encoded(tok, 256, seed=4).select_columns(["input_ids", "attention_mask"])
-    out = distill(teacher, student, train, None, tmp_path / "gd", layer_map=build_layer_map("last", 2, 4),
-                  objectives=recipe.weights, stage="intermediate", tokenizer=tok, args={**FAST, "logging_steps": 2},
-                  learning_rate=5e-3, per_device_train_batch_size=16, num_train_epochs=3, **recipe.options())
+    spec = recipe.layer_wise_spec(2, 4)
+    assert spec.layer_map == build_layer_map("last", 2, 4) and spec.options.n_relation_heads == 4
+    out = distill(teacher, student, spec, TrainRun(tmp_path / "gd", train, tokenizer=tok, args={
+        **FAST, "logging_steps": 2, "learning_rate": 5e-3, "per_device_train_batch_size": 16, "num_train_epochs": 3}))
     values = losses(out)
     assert sum(values[-3:]) < 0.8 * sum(values[:3]), values
 
@@ -277,16 +282,23 @@ def test_masking_follows_the_official_rates(tok):
 
 
 def test_student_dropout_reaches_the_task_stage_students(tok):
-    from tasks.distill import _with_student_dropout
+    from types import SimpleNamespace
 
-    def factory():
-        torch.manual_seed(0)
-        return transformers.BertForSequenceClassification(bert_config(len(tok), 2, hidden=32, heads=2, inter=64))
+    from distillery.recipes.base import task_student
+
+    teacher = transformers.BertForSequenceClassification(bert_config(len(tok), 4))
+
+    def start(data):
+        p = parse_params(data)
+        ctx = SimpleNamespace(sections=p.task_distillation, general=None, teacher=teacher, tokenizer=tok,
+                              labels={"num_labels": 2})
+        return p, task_student(p.students["tinybert-demo"], ctx)()
 
     data = demo()
-    p = parse_params(data)
-    assert p.task_distillation.student_dropout is None and _with_student_dropout(p, factory) is factory  # the config's
+    p, model = start(data)
+    assert p.task_distillation.student_dropout is None  # unset: the config's (BERT's 0.1)
+    assert {m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)} == {0.1}
     data["task_distillation"]["student_dropout"] = 0.0
-    model = _with_student_dropout(parse_params(data), factory)()
+    _, model = start(data)
     assert {m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)} == {0.0}
     assert model.config.hidden_dropout_prob == model.config.attention_probs_dropout_prob == 0.0

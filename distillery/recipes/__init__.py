@@ -1,0 +1,49 @@
+"""Student recipes: one module per paper, each a typed params entry (``students.<name>``) that owns the paper's
+behaviour -- checks against the teacher, layer map, the stages it adds, how its student starts, and every stage's
+loss terms with their default weights (see ``base.py`` for what every recipe says).
+
+    tinybert    init random -> general distillation (eqs. 7-9) -> task step 1 (augmented set) -> step 2 (eq. 10, grid)
+    minilm      [teacher assistant] -> general distillation (last-layer attention + value relation KL) -> fine-tuning
+    distilbert  init from teacher layers -> pre-training distillation (5 L_ce + 2 L_mlm + 1 L_cos) -> fine-tuning
+    mobilebert  IB teacher -> progressive | joint transfer (eqs. 2-3) -> pre-training distillation (eq. 4) -> fine-tuning
+    any         init from a general checkpoint (path or Hub name) skips general distillation
+
+Adding a paper: its module here (a ``Recipe`` subclass with ``@register``), one import line below, its loss terms in
+``distillery/objectives/`` (``@register`` of ``distillery.objectives.registry``), tests, params and a README row.
+"""
+
+from distillery.recipes import distilbert as _distilbert  # noqa: F401  (each import registers its recipe)
+from distillery.recipes import minilm as _minilm  # noqa: F401
+from distillery.recipes import mobilebert as _mobilebert  # noqa: F401
+from distillery.recipes import tinybert as _tinybert  # noqa: F401
+from distillery.recipes.base import (
+    INIT_KINDS,
+    CheckpointInit,
+    CheckpointMismatchError,
+    RandomInit,
+    Recipe,
+    RecipeError,
+    Section,
+    Shape,
+    StageContext,
+    StudentStage,
+    TaskContext,
+    TeacherLayersInit,
+    official_teacher_layers,
+)
+from distillery.recipes.distilbert import DistilBertRecipe
+from distillery.recipes.minilm import MiniLMRecipe
+from distillery.recipes.mobilebert import IBTeacher, MobileBertRecipe
+from distillery.recipes.registry import RECIPES, recipe_from_yaml, student_recipe_type
+from distillery.recipes.tinybert import TinyBertRecipe
+
+#: The params type of ``students.<name>``: every registered recipe, by its ``recipe`` tag.
+StudentRecipe = student_recipe_type()
+RECIPE_NAMES = tuple(RECIPES)
+
+__all__ = [
+    "CheckpointInit", "CheckpointMismatchError", "DistilBertRecipe", "IBTeacher", "INIT_KINDS", "MiniLMRecipe",
+    "MobileBertRecipe", "RECIPES", "RECIPE_NAMES", "RandomInit", "Recipe", "RecipeError", "Section", "Shape",
+    "StageContext", "StudentRecipe", "StudentStage", "TaskContext", "TeacherLayersInit", "TinyBertRecipe",
+    "official_teacher_layers", "recipe_from_yaml",
+]

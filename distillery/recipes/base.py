@@ -1,0 +1,480 @@
+"""What every recipe says, and the contexts the pipeline hands it.
+
+A recipe is one typed, validated entry of ``students.<name>`` in params (a pydantic model) that also owns the
+paper's behaviour (torchtune's recipe classes):
+
+* its params schema (fields) and, in :meth:`Recipe.check`, what it needs of the teacher (depth, width, heads);
+* ``OBJECTIVES``: the loss terms its layer-wise (general) stage can compute, with the paper's default weights
+  (0 = available but off) -- written once, in the recipe's module; ``objectives`` in params overrides them;
+* :meth:`Recipe.map_layers`: which student layer learns from which teacher layer;
+* :meth:`Recipe.stages`: the student-level stages it adds before the task stage, each with its body
+  (``general_distillation`` for every recipe that pre-trains; MiniLM's ``teacher_assistant``, MobileBERT's
+  ``ib_teacher`` and ``knowledge_transfer``), run with a :class:`StageContext`;
+* :meth:`Recipe.task_stage`: what it does on a task, given a :class:`TaskContext`; returns the grid whose best
+  run becomes the student;
+* :meth:`Recipe.start_student`: how its student is built and initialised.
+
+The pipeline (``tasks/``) never looks inside a recipe: it prepares the context (teacher, tokenizer, datasets,
+output directory, schedule, seed) and asks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Callable, ClassVar, Literal, Mapping, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from distillery.errors import UserError
+from distillery.models import Dims
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RecipeError(UserError, ValueError):
+    """A recipe that cannot work with this teacher; the message starts with the params key."""
+
+
+class Shape(Section):
+    """A student or teacher shape: a preset name, or explicit numbers (``arch``: bert | distilbert | mobilebert),
+    or a preset with some numbers overridden. MobileBERT shapes: ``hidden`` is the inter-block width, ``intra``
+    the intra-block (bottleneck) width, ``embedding`` the embedding-table width."""
+
+    preset: str | None = None
+    layers: int | None = Field(None, ge=1)
+    hidden: int | None = Field(None, ge=1)
+    heads: int | None = Field(None, ge=1)
+    intermediate: int | None = Field(None, ge=1)
+    arch: Literal["bert", "distilbert", "mobilebert"] | None = None
+    intra: int | None = Field(None, ge=1)
+    embedding: int | None = Field(None, ge=1)
+
+    #: MobileBertConfig field of each MobileBERT-only key.
+    MOBILEBERT_KEYS: ClassVar[dict[str, str]] = {"intra": "intra_bottleneck_size", "embedding": "embedding_size"}
+
+    @model_validator(mode="after")
+    def _preset_or_numbers(self) -> "Shape":
+        numbers = [self.layers, self.hidden, self.heads, self.intermediate]
+        if self.preset is None and any(n is None for n in numbers):
+            raise ValueError("give either `preset` or all of layers, hidden, heads, intermediate")
+        from distillery.models import ModelConfigError
+
+        try:
+            shape = self.resolve()
+        except ModelConfigError as exc:
+            raise ValueError(str(exc).removeprefix("student shape: ")) from None
+        given = [k for k in self.MOBILEBERT_KEYS if getattr(self, k) is not None]
+        if given and shape.arch != "mobilebert":
+            raise ValueError(f"{given} are MobileBERT widths; the shape's arch is {shape.arch}")
+        return self
+
+    def as_spec(self) -> str | dict[str, Any]:
+        dumped = self.model_dump()
+        spec = {k: v for k, v in dumped.items() if v is not None and k not in self.MOBILEBERT_KEYS}
+        extra = {field: dumped[k] for k, field in self.MOBILEBERT_KEYS.items() if dumped[k] is not None}
+        if extra:
+            spec["extra"] = extra
+        return spec if set(spec) != {"preset"} else self.preset
+
+    def resolve(self):
+        """The ``distillery.models.StudentShape`` (raises ModelConfigError on an impossible shape)."""
+        from distillery.models import resolve_shape
+
+        return resolve_shape(self.as_spec())
+
+
+# ------------------------------------------------------------------------------------------------ init
+
+class RandomInit(Section):
+    kind: Literal["random"] = "random"
+
+
+class TeacherLayersInit(Section):
+    """DistilBERT's initialisation (Sanh et al., 2019, Sec. 3): the teacher's embeddings and these layers."""
+
+    kind: Literal["teacher_layers"] = "teacher_layers"
+    teacher_layers: list[int] | Literal["auto"] = "auto"
+
+    @field_validator("teacher_layers")
+    @classmethod
+    def _distinct(cls, v):
+        if v != "auto":
+            if not v:
+                raise ValueError("give at least one teacher layer")
+            if len(set(v)) != len(v) or any(i < 0 for i in v):
+                raise ValueError(f"teacher layers must be distinct and >= 0, got {v}")
+        return v
+
+
+class CheckpointInit(Section):
+    """A released general student (local directory or Hub name): skips general distillation."""
+
+    kind: Literal["checkpoint"] = "checkpoint"
+    checkpoint: str = Field(min_length=1)
+
+
+Init = Annotated[Union[RandomInit, TeacherLayersInit, CheckpointInit], Field(discriminator="kind")]
+INIT_KINDS = ("random", "teacher_layers", "checkpoint")
+
+
+def _init_from_yaml(v: Any) -> Any:
+    """``random`` | ``{teacher_layers: [...]}`` | ``{checkpoint: ...}`` -> a tagged dict."""
+    if isinstance(v, str):
+        if v == "random":
+            return {"kind": "random"}
+        if v == "teacher_layers":
+            return {"kind": "teacher_layers"}
+        raise ValueError(f"expected 'random', {{teacher_layers: [...]}} or {{checkpoint: PATH}}, got {v!r}")
+    if isinstance(v, dict) and "kind" not in v:
+        keys = set(v)
+        if keys == {"teacher_layers"}:
+            return {"kind": "teacher_layers", **v}
+        if keys == {"checkpoint"}:
+            return {"kind": "checkpoint", **v}
+        raise ValueError(f"expected {{teacher_layers: [...]}} or {{checkpoint: PATH}}, got keys {sorted(keys)}")
+    return v
+
+
+def official_teacher_layers(n_teacher: int, n_student: int) -> list[int]:
+    """DistilBERT's released choice for 12 -> 6 ([0, 2, 4, 7, 9, 11]); otherwise evenly spread layers that keep
+    the first and the last (the same rule gives the official list for 12 -> 6)."""
+    if n_student > n_teacher:
+        raise ValueError(f"a {n_student}-layer student cannot take layers of a {n_teacher}-layer teacher")
+    if n_student == 1:
+        return [n_teacher - 1]
+    return [math.floor(i * (n_teacher - 1) / (n_student - 1) + 0.5) for i in range(n_student)]
+
+
+# ------------------------------------------------------------------------------------------------ contexts
+
+@dataclass(frozen=True)
+class StageContext:
+    """What a student-level stage gets from the pipeline.
+
+    ``teacher``: the teacher checkpoint (directory or Hub name) this stage distils from: the MLM teacher when the
+    pipeline pre-trains one. ``corpus``: the prepared corpus (one sentence per line, a blank line between documents).
+    ``inputs``: the model directories of this student's earlier stages, by stage name. ``schedule``: the params
+    section of the stage's schedule (epochs, lr, batch_size, max_length, ...), ``args`` the TrainingArguments made
+    from it (seed and checkpoints included)."""
+
+    student: str
+    teacher: str
+    corpus: Path
+    out: Path
+    schedule: Any
+    args: Mapping[str, Any]
+    seed: int
+    inputs: Mapping[str, Path] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What the task stage (and the direct baseline) gets from the pipeline.
+
+    ``teacher``: the task's fine-tuned teacher; ``labels``: the label settings every student of the task is built
+    with (num_labels, id2label, label2id, problem_type); ``data(augmented)``: (train, dev), encoded; ``general``:
+    the student's general-distillation output (None when it has none); ``sections``: the run's
+    ``task_distillation`` params (intermediate, prediction, finetune, student_dropout); ``train_args(section)``: the
+    TrainingArguments of a training section; ``grid(section)``: the ``Grid`` and the ``TrainRun`` template (metrics,
+    seed, checkpoints) of a grid section."""
+
+    student: str
+    task: str
+    teacher: Any
+    tokenizer: Any
+    labels: Mapping[str, Any]
+    data: Callable[[bool], tuple[Any, Any]]
+    out: Path
+    sections: Any
+    train_args: Callable[[Any], dict[str, Any]]
+    grid: Callable[[Any], tuple[Any, Any]]
+    general: Path | None = None
+
+
+@dataclass(frozen=True)
+class StudentStage:
+    """A student-level stage a recipe adds: its body, and the params section that is its schedule."""
+
+    run: Callable[[StageContext], dict[str, Any]]
+    schedule: Literal["general_distillation", "pretrain"] = "general_distillation"
+
+
+# ------------------------------------------------------------------------------------------------ the recipe
+
+class Recipe(Section):
+    """Fields every recipe has; subclasses fix ``recipe``, the paper defaults and the behaviour."""
+
+    recipe: str
+    shape: Shape
+    init: Annotated[Init, Field(default_factory=RandomInit)]
+    objectives: dict[str, float] | None = None  # None: the paper's (``OBJECTIVES``)
+    general_distillation: bool | None = None    # None: on unless init is a checkpoint (see ``runs_general``)
+    teacher_train_mode: bool = False            # official TinyBERT: teacher dropout on while distilling
+
+    #: The loss terms of the recipe's layer-wise stage with the paper's weights (0: available, off by default).
+    OBJECTIVES: ClassVar[dict[str, float]] = {}
+    #: Whether the student may be deeper than the teacher (MobileBERT: it takes its IB teacher's depth).
+    ANY_DEPTH: ClassVar[bool] = False
+
+    @field_validator("init", mode="before")
+    @classmethod
+    def _init(cls, v):
+        return _init_from_yaml(v)
+
+    @field_validator("objectives")
+    @classmethod
+    def _objective_names(cls, v):
+        if v is None:
+            return v
+        from distillery.objectives import ObjectiveConfigError, ObjectiveWeights
+
+        try:
+            weights = ObjectiveWeights(v)
+        except ObjectiveConfigError as exc:
+            raise ValueError(str(exc).removeprefix("objectives: ")) from None
+        wrong = [n for n in weights.active() if n not in cls.OBJECTIVES]
+        if wrong:
+            raise ValueError(
+                f"{wrong} cannot be computed by the {cls.model_fields['recipe'].default} recipe's distillation "
+                f"stage; it computes {list(cls.OBJECTIVES)}"
+            )
+        if not weights.active():
+            raise ValueError("no objective has a weight > 0")
+        return v
+
+    # ---------------------------------------------------------------- params
+
+    @property
+    def weights(self):
+        """The ``ObjectiveWeights`` of the layer-wise stage (params, else the paper's)."""
+        from distillery.objectives import ObjectiveWeights
+
+        if self.objectives is not None:
+            return ObjectiveWeights(self.objectives)
+        return ObjectiveWeights({n: w for n, w in self.OBJECTIVES.items() if w > 0})
+
+    @property
+    def runs_general(self) -> bool:
+        """Whether the student goes through general (pre-training) distillation."""
+        if self.general_distillation is not None:
+            return self.general_distillation
+        return self.init.kind == "random"
+
+    @property
+    def needs_mlm_teacher(self) -> bool:
+        """Whether a stage of the recipe distils an MLM teacher's output distribution."""
+        return False
+
+    @property
+    def uses_augmented_data(self) -> bool:
+        """Whether the task stage trains on the augmented set (TinyBERT)."""
+        return False
+
+    @property
+    def task_distills(self) -> bool:
+        """Whether a randomly initialised student can skip general distillation (its task stage distils)."""
+        return False
+
+    def options(self) -> dict[str, Any]:
+        """The recipe's official-behaviour switches, for the model card and MLflow."""
+        return {"teacher_train_mode": self.teacher_train_mode}
+
+    def loss_options(self, **task: Any):
+        """``LossOptions`` of this recipe's equations (``task``: the task stage's temperature / regression target)."""
+        from distillery.objectives.registry import LossOptions
+
+        return LossOptions(**task)
+
+    # ---------------------------------------------------------------- checks
+
+    def student_dims(self, teacher: Dims, key: str) -> Dims:
+        """The student's dims (the resolved shape), raising RecipeError naming ``key`` on an impossible one."""
+        from distillery.models import ModelConfigError
+
+        try:
+            shape = self.shape.resolve()
+        except ModelConfigError as exc:
+            raise RecipeError(f"{key}.shape: {exc}") from None
+        return Dims.of_shape(shape, teacher.vocab)
+
+    def check(self, teacher: Dims, key: str) -> None:
+        """Everything that can be checked before training, given the teacher's dims; subclasses add theirs."""
+        s = self.student_dims(teacher, key)
+        if s.layers > teacher.layers and not self.ANY_DEPTH:
+            raise RecipeError(f"{key}.shape: the student has {s.layers} layers, more than the teacher's {teacher.layers}")
+        if self.init.kind == "teacher_layers":
+            if s.arch not in ("bert", "distilbert") or (s.hidden, s.heads, s.intermediate) != (
+                    teacher.hidden, teacher.heads, teacher.intermediate):
+                raise RecipeError(
+                    f"{key}.init: teacher_layers needs a bert or distilbert student of the teacher's width "
+                    f"(hidden {teacher.hidden}, heads {teacher.heads}, intermediate {teacher.intermediate}); the shape "
+                    f"gives {s.arch} {s.hidden}/{s.heads}/{s.intermediate}")
+            layers = self.init.teacher_layers
+            if layers != "auto":
+                if len(layers) != s.layers:
+                    raise RecipeError(f"{key}.init.teacher_layers: {len(layers)} layers for a {s.layers}-layer student")
+                if max(layers) >= teacher.layers:
+                    raise RecipeError(f"{key}.init.teacher_layers: layer {max(layers)} does not exist in a "
+                                      f"{teacher.layers}-layer teacher (0..{teacher.layers - 1})")
+        if not self.runs_general and self.init.kind == "random" and not self.task_distills:
+            raise RecipeError(f"{key}.general_distillation: a randomly initialised {self.recipe} student needs general "
+                              "distillation (or init from teacher_layers / a checkpoint)")
+
+    # ---------------------------------------------------------------- stages
+
+    def map_layers(self, n_student: int, n_teacher: int):
+        """The ``LayerMap`` of the layer-wise stage (default: TinyBERT's uniform g(m))."""
+        from distillery.layer_map import build_layer_map
+
+        return build_layer_map("uniform", n_student, n_teacher)
+
+    def layer_wise_spec(self, n_student: int, n_teacher: int, projection=None):
+        """The ``DistillSpec`` of the layer-wise stage: the recipe's objectives on its layer map."""
+        from distillery.training.spec import DistillSpec
+
+        return DistillSpec(self.weights, "intermediate", self.map_layers(n_student, n_teacher), self.loss_options(),
+                           projection=projection, teacher_train_mode=self.teacher_train_mode)
+
+    def stages(self, teacher: Dims) -> dict[str, StudentStage]:
+        """The student-level stages before the task stage, in order (none for a student initialised from a
+        checkpoint or the teacher's layers without pre-training distillation)."""
+        return {"general_distillation": StudentStage(self.general_stage)} if self.runs_general else {}
+
+    def general_stage(self, ctx: StageContext) -> dict[str, Any]:
+        """General distillation on the corpus with the recipe's layer-wise objectives (TinyBERT, MiniLM)."""
+        from transformers import AutoModel, AutoTokenizer
+
+        from distillery.models import num_layers
+        from distillery.training.distill import distill
+        from distillery.training.spec import TrainRun
+
+        source = str(ctx.inputs.get("teacher_assistant", ctx.teacher))
+        tokenizer = AutoTokenizer.from_pretrained(ctx.teacher)
+        teacher = AutoModel.from_pretrained(source)
+        model = self.start_student(teacher, tokenizer, head="base")
+        train, n = corpus_dataset(ctx, tokenizer)
+        spec = self.layer_wise_spec(num_layers(model), num_layers(teacher))
+        distill(teacher, model, spec, TrainRun(ctx.out, train, tokenizer=tokenizer, args=ctx.args))
+        return {"metrics": {"sequences": n}}
+
+    def start_student(self, teacher, tokenizer, *, head: str = "base", **head_kwargs: Any):
+        """The student before training, as ``init`` says: random weights of ``shape``; the teacher's embeddings and
+        ``teacher_layers`` (DistilBERT modules for a distilbert shape, the teacher's own class otherwise; heads the
+        teacher has are copied); or a general checkpoint."""
+        from distillery.models import build_student, init_from_teacher_layers, num_layers
+
+        shape = self.shape.resolve()
+        if self.init.kind == "checkpoint":
+            return load_checkpoint_student(self.init.checkpoint, tokenizer, head=head, **head_kwargs)
+        if self.init.kind == "teacher_layers":
+            layers = self.init.teacher_layers
+            layers = official_teacher_layers(num_layers(teacher), shape.layers) if layers == "auto" else list(layers)
+            student = init_from_teacher_layers(teacher, layers, head=head,
+                                               arch="distilbert" if shape.arch == "distilbert" else "same")
+        else:
+            student = build_student(shape, len(tokenizer), head=head, base=teacher.config,
+                                    num_labels=head_kwargs.get("num_labels", 2))
+        for k, v in head_kwargs.items():
+            setattr(student.config, k, v)
+        return student
+
+    # ---------------------------------------------------------------- the task stage
+
+    def task_stage(self, ctx: TaskContext):
+        """Fine-tuning over the grid on the gold labels (MiniLM, MobileBERT). Every recipe returns (the GridResult
+        whose best run becomes the student, the training curve to report or None for the best run's)."""
+        return finetune_grid(ctx, task_student(self, ctx), ctx.out / "grid"), None
+
+    def direct_stage(self, ctx: TaskContext):
+        """The same student trained without a teacher (TinyBERT's BERT-small row): its architecture and
+        initialisation, the fine-tuning grid, the task's own training set."""
+        return finetune_grid(ctx, task_student(self, ctx, general=False), ctx.out / "grid")
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+def corpus_dataset(ctx: StageContext, tokenizer, max_length: int | None = None):
+    """The corpus packed into sequences of the schedule's length and tokenized: (dataset, number of sequences)."""
+    from distillery import corpus
+    from distillery.training.mlm import tokenize_texts
+
+    length = max_length or ctx.schedule.max_length
+    texts = corpus.pack_sequences(corpus.read_sentences(ctx.corpus), tokenizer, length)
+    return tokenize_texts(texts, tokenizer, length), len(texts)
+
+
+def task_student(recipe: Recipe, ctx: TaskContext, *, general: bool = True) -> Callable[[], Any]:
+    """A factory of the task stage's starting student: the general student (when it ran and ``general``), else the
+    recipe's init (teacher layers come from the fine-tuned teacher, whose classifier is copied too; a checkpoint
+    gets a fresh classifier); with ``task_distillation.student_dropout`` applied when set."""
+    from transformers import AutoModelForSequenceClassification
+
+    if general and ctx.general is not None:
+        def factory():
+            return AutoModelForSequenceClassification.from_pretrained(str(ctx.general), **ctx.labels)
+    else:
+        def factory():
+            return recipe.start_student(ctx.teacher, ctx.tokenizer, head="sequence-classification", **ctx.labels)
+    rate = ctx.sections.student_dropout
+    if rate is None:
+        return factory
+    from distillery.models import set_dropout
+
+    return lambda: set_dropout(factory(), rate)
+
+
+def finetune_grid(ctx: TaskContext, student, out: Path, *, augmented: bool = False):
+    """The fine-tuning grid (``task_distillation.finetune``) on gold labels, no teacher."""
+    from distillery.training.grid import prediction_grid
+
+    train, dev = ctx.data(augmented)
+    grid, run = ctx.grid(ctx.sections.finetune)
+    return prediction_grid(None, student, None, run.with_(output_dir=out, train_dataset=train, eval_dataset=dev), grid)
+
+
+def prediction_stage(recipe: Recipe, ctx: TaskContext, student, out: Path, *, augmented: bool = False):
+    """Prediction-layer distillation over the grid ``task_distillation.prediction`` (TinyBERT eq. 10; soft targets
+    at temperature t; teacher logits computed once per grid when ``cache_teacher_logits``)."""
+    from distillery.objectives import ObjectiveWeights
+    from distillery.training.grid import prediction_grid
+    from distillery.training.spec import DistillSpec
+
+    pr = ctx.sections.prediction
+    train, dev = ctx.data(augmented)
+    grid, run = ctx.grid(pr)
+    spec = DistillSpec(ObjectiveWeights({"prediction_loss": 1.0}), "prediction",
+                       options=recipe.loss_options(temperature=pr.temperature, regression_target=pr.regression_target))
+    return prediction_grid(ctx.teacher, student, spec, run.with_(output_dir=out, train_dataset=train, eval_dataset=dev),
+                           grid)
+
+
+class CheckpointMismatchError(UserError, ValueError):
+    """A general checkpoint whose vocabulary or tokenizer does not match the teacher's."""
+
+
+def load_checkpoint_student(name_or_path: str, tokenizer, *, head: str = "base", **kwargs: Any):
+    """A released general student (local directory or Hub name, never remote code), checked against the
+    teacher's tokenizer: the same vocabulary, or a clear error."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from distillery.models import _auto_class
+
+    cfg = AutoConfig.from_pretrained(name_or_path, trust_remote_code=False)
+    try:
+        own = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)
+    except (OSError, ValueError):
+        own = None
+    teacher_vocab = tokenizer.get_vocab()
+    if own is not None and own.get_vocab() != teacher_vocab:
+        diff = sorted(set(own.get_vocab().items()) ^ set(teacher_vocab.items()))[:3]
+        raise CheckpointMismatchError(
+            f"checkpoint {name_or_path}: its tokenizer's vocabulary ({len(own)} tokens) differs from the teacher's "
+            f"({len(tokenizer)} tokens), e.g. {diff}; use a checkpoint trained with the teacher's vocabulary")
+    if getattr(cfg, "vocab_size", None) != len(tokenizer):
+        raise CheckpointMismatchError(
+            f"checkpoint {name_or_path}: vocab_size {cfg.vocab_size} != the teacher tokenizer's {len(tokenizer)} tokens")
+    return _auto_class(head).from_pretrained(name_or_path, trust_remote_code=False, **kwargs)

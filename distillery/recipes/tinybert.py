@@ -1,0 +1,100 @@
+"""TinyBERT (Jiao et al., 2020, Sec. 3-4): transformer distillation in two stages.
+
+    init random -> general distillation on the corpus: L_attn (eq. 7) + L_hidn (eq. 8) + L_embd (eq. 9)
+    -> task distillation step 1: the same losses on the augmented task set (Algorithm 1)
+    -> step 2: prediction-layer distillation L_pred (eq. 10) over the lr x batch grid, best on dev
+
+Layer map g(m) (Sec. 3.1, Table 7): ``uniform`` (student layer m <- teacher layer m * N/M), ``top`` or ``bottom``.
+Official-code behaviour as switches: ``official_attention_masking`` (-10000 masking and zeroing, the default),
+``per_layer_projection`` (one W_h per mapped state instead of the paper's shared one), ``prediction_reduction``
+(``official``: 1/C of eq. 10), ``teacher_train_mode`` (the official code leaves the teacher's dropout on).
+Ablations (Tables 2-3): ``augmentation: false`` (w/o DA), ``intermediate_step: false`` (w/o step 1).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from distillery.models import Dims
+from distillery.recipes.base import Recipe, RecipeError, TaskContext, prediction_stage, task_student
+from distillery.recipes.registry import register
+
+
+@register
+class TinyBertRecipe(Recipe):
+    """TinyBERT: attention + hidden + embedding distillation, then the prediction layer."""
+
+    recipe: Literal["tinybert"] = "tinybert"
+    layer_map: Literal["uniform", "top", "bottom"] = "uniform"
+    official_attention_masking: bool = True
+    per_layer_projection: bool = False
+    prediction_reduction: Literal["paper", "official"] = "paper"
+    augmentation: bool = True       # task distillation on the augmented set when `augment.enabled` (Table 2 "w/o DA")
+    intermediate_step: bool = True  # task-distillation step 1 (intermediate layers); off: step 2 (prediction) alone
+
+    OBJECTIVES: ClassVar[dict[str, float]] = {"attention_loss": 1.0, "hidden_loss": 1.0, "embedding_loss": 1.0}
+
+    @property
+    def uses_augmented_data(self) -> bool:
+        return self.augmentation
+
+    @property
+    def task_distills(self) -> bool:
+        return True
+
+    def options(self) -> dict[str, Any]:
+        return {**super().options(), "official_attention_masking": self.official_attention_masking,
+                "per_layer_projection": self.per_layer_projection, "prediction_reduction": self.prediction_reduction}
+
+    def loss_options(self, **task: Any):
+        from distillery.objectives.registry import LossOptions
+
+        return LossOptions(official_attention_masking=self.official_attention_masking,
+                           prediction_reduction=self.prediction_reduction, **task)
+
+    def map_layers(self, n_student: int, n_teacher: int):
+        from distillery.layer_map import build_layer_map
+
+        return build_layer_map(self.layer_map, n_student, n_teacher)
+
+    def layer_wise_spec(self, n_student: int, n_teacher: int, projection=None):
+        return super().layer_wise_spec(n_student, n_teacher, projection).with_(
+            per_layer_projection=self.per_layer_projection)
+
+    def check(self, teacher: Dims, key: str) -> None:
+        from distillery.layer_map import LayerMapError, build_layer_map, validate_layer_map
+
+        super().check(teacher, key)
+        s = self.student_dims(teacher, key)
+        try:
+            lm = build_layer_map(self.layer_map, s.layers, teacher.layers)
+            validate_layer_map(lm, s.layers, teacher.layers, s.heads, teacher.heads,
+                               head_wise="attention_loss" in self.weights.active())
+        except LayerMapError as exc:
+            raise RecipeError(f"{key}.layer_map: {exc}") from None
+
+    def task_stage(self, ctx: TaskContext):
+        """Step 1 (intermediate layers on the augmented set, continuing the general student's projection), then
+        step 2 (prediction layer over the grid; teacher logits computed once and reused by every run)."""
+        from transformers import AutoModelForSequenceClassification
+
+        from distillery.models import num_layers
+        from distillery.training.distill import distill
+        from distillery.training.spec import TrainRun
+
+        augmented = self.augmentation
+        start = task_student(self, ctx)
+        if not self.intermediate_step:  # step 2 alone, from where the task stage starts
+            return prediction_stage(self, ctx, start, ctx.out / "grid", augmented=augmented), None
+        step1 = ctx.out / "intermediate" / "model"
+        if not (step1 / "config.json").is_file():  # else finished before an interruption, under this stage key
+            model = start()
+            train, _ = ctx.data(augmented)
+            spec = self.layer_wise_spec(num_layers(model), num_layers(ctx.teacher), projection=ctx.general)
+            step1 = distill(ctx.teacher, model, spec, TrainRun(ctx.out / "intermediate", train, tokenizer=ctx.tokenizer,
+                                                                args=ctx.train_args(ctx.sections.intermediate)))
+        # (step 1's saved config carries task_distillation.student_dropout, so the reload keeps it)
+        labels = ctx.labels
+        grid = prediction_stage(self, ctx, lambda: AutoModelForSequenceClassification.from_pretrained(str(step1), **labels),
+                                ctx.out / "grid", augmented=augmented)
+        return grid, step1 / "train_log.csv"
