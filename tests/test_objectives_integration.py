@@ -48,7 +48,7 @@ def test_tinybert_losses_on_captured_tensors_train_student_only(batch):
         "hidden_loss": hidden_loss([sc.hidden[1], sc.hidden[2]], [tc.hidden[2], tc.hidden[4]], proj, indices=[1, 2]),
         "embedding_loss": embedding_loss(sc.hidden[0], tc.hidden[0], proj),
     }
-    total = ObjectiveWeights.from_config("tinybert-intermediate").combine(losses)
+    total = ObjectiveWeights({"attention_loss": 1.0, "hidden_loss": 1.0, "embedding_loss": 1.0}).combine(losses)
     assert torch.isfinite(total) and total.item() > 0
     total.backward()
     assert all(p.grad is None for p in teacher.parameters())

@@ -2,6 +2,8 @@
 
 Pure tensor functions: lists of tensors over mapped layers (or single tensors) in, scalar out.
 ``attention_mask`` is (B, T) of 1/0. Teacher inputs are detached inside every objective.
+Each paper module also registers its terms (``registry.register``) next to their equations: importing this package
+fills ``TERMS``.
 """
 
 from .distilbert import cosine_loss, mlm_loss, soft_target_loss
@@ -15,14 +17,33 @@ from .tinybert import (
     prediction_loss,
     regression_prediction_loss,
 )
-from .weights import OBJECTIVES, RECIPES, ObjectiveConfigError, ObjectiveWeights
+from .registry import (
+    TERMS,
+    Batch,
+    LossOptions,
+    ObjectiveConfigError,
+    Term,
+    capture_specs,
+    group_pairs,
+    register,
+    stage_terms,
+    unregister,
+)
+from .weights import ObjectiveWeights
 
 __all__ = [
+    "Batch",
     "HiddenProjection",
-    "OBJECTIVES",
+    "LossOptions",
     "ObjectiveConfigError",
     "ObjectiveWeights",
-    "RECIPES",
+    "TERMS",
+    "Term",
+    "capture_specs",
+    "group_pairs",
+    "register",
+    "stage_terms",
+    "unregister",
     "attention_kl",
     "attention_loss",
     "attention_transfer_loss",

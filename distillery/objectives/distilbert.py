@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .registry import Batch, register
+
 
 def _select_tokens(x: Tensor, attention_mask: Tensor | None, what: str) -> Tensor:
     """(B, T, D) -> (N, D) rows of non-pad tokens; (B, D) passes through when attention_mask is None."""
@@ -44,6 +46,11 @@ def soft_target_loss(
     return kl * temperature**2
 
 
+@register("soft_target_loss", stages=("pretraining",), teacher_logits=True, paper="DistilBERT L_ce")
+def _soft_target_term(batch: Batch) -> Tensor:
+    return soft_target_loss(batch.student_logits, batch.teacher_logits, batch.attention_mask, batch.options.temperature)
+
+
 def mlm_loss(logits: Tensor, labels: Tensor) -> Tensor:
     """Masked-LM loss L_mlm: cross-entropy averaged over positions where ``labels != -100``.
 
@@ -54,6 +61,13 @@ def mlm_loss(logits: Tensor, labels: Tensor) -> Tensor:
     if not bool((labels != -100).any()):
         return logits.sum() * 0.0
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+
+
+@register("mlm_loss", stages=("pretraining",), paper="DistilBERT L_mlm")
+def _mlm_term(batch: Batch) -> Tensor:
+    if batch.labels is None:
+        raise ValueError("mlm_loss needs masked-LM labels (a masking collator)")
+    return mlm_loss(batch.student_logits, batch.labels)
 
 
 def cosine_loss(s_hidden: Tensor, t_hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
@@ -72,3 +86,18 @@ def cosine_loss(s_hidden: Tensor, t_hidden: Tensor, attention_mask: Tensor | Non
         return s_hidden.sum() * 0.0
     target = torch.ones(s.shape[0], dtype=s.dtype, device=s.device)
     return F.cosine_embedding_loss(s, t, target, reduction="mean")
+
+
+@register("cosine_loss", stages=("pretraining",), features=(("hidden", "states"),), paper="DistilBERT L_cos")
+def _cosine_term(batch: Batch) -> Tensor:
+    """L_cos on the hidden-state pairs of the layer map after the embedding (DistilBERT: the last layers,
+    ``LayerMap(hidden=((n_student, n_teacher),))``), summed over pairs."""
+    pairs = batch.pairs("states")
+    if not pairs:
+        raise ValueError("cosine_loss reads hidden states: the layer map has no hidden pair after the embedding "
+                         "(DistilBERT: LayerMap(hidden=((n_student_layers, n_teacher_layers),)))")
+    total = None
+    for s, t in pairs:
+        loss = cosine_loss(batch.student.hidden[s], batch.teacher.hidden[t], batch.attention_mask)
+        total = loss if total is None else total + loss
+    return total

@@ -28,6 +28,7 @@ from ._common import (
     per_sequence_mean,
     token_mask,
 )
+from .registry import Batch, register
 
 
 def attention_kl(student_probs: TensorOrList, teacher_probs: TensorOrList, attention_mask: Tensor | None) -> Tensor:
@@ -47,6 +48,12 @@ def attention_kl(student_probs: TensorOrList, teacher_probs: TensorOrList, atten
         loss = per_sequence_mean(rows, valid[:, None, :])
         total = loss if total is None else total + loss
     return total
+
+
+@register("attention_kl", stages=("intermediate",), features=(("probs", "attention"),), head_wise=True,
+          paper="MiniLM eq. 6")
+def _attention_kl_term(batch: Batch) -> Tensor:
+    return attention_kl(*batch.select("probs", "attention"), batch.attention_mask)
 
 
 def _relation_log_probs(x: Tensor, valid: Tensor) -> Tensor:
@@ -76,6 +83,12 @@ def value_relation_kl(student_values: TensorOrList, teacher_values: TensorOrList
         loss = _relation_kl_heads(s, t, valid)
         total = loss if total is None else total + loss
     return total
+
+
+@register("value_relation_kl", stages=("intermediate",), features=(("values", "attention"),), head_wise=True,
+          paper="MiniLM eqs. 7-9")
+def _value_relation_term(batch: Batch) -> Tensor:
+    return value_relation_kl(*batch.select("values", "attention"), batch.attention_mask)
 
 
 def split_relation_heads(x: Tensor, n_relation_heads: int, what: str = "relation_kl") -> Tensor:
@@ -114,3 +127,14 @@ def relation_kl(
         loss = _relation_kl_heads(sr, tr, valid)
         total = loss if total is None else total + loss
     return total
+
+
+@register("relation_kl", stages=("intermediate",),
+          features=(("queries", "attention"), ("keys", "attention"), ("values", "attention")),
+          paper="MiniLMv2 (Q-Q, K-K and V-V relations)")
+def _relation_term(batch: Batch) -> Tensor:
+    """The Q-Q, K-K and V-V relation KLs, summed."""
+    return sum(
+        relation_kl(*batch.select(kind, "attention"), batch.attention_mask, batch.options.n_relation_heads)
+        for kind in ("queries", "keys", "values")
+    )

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from ._common import TensorOrList, as_pairs, check_heads, check_same_shape, per_sequence_mean, token_mask
 from .minilm import attention_kl
+from .registry import Batch, register
 
 #: Official relative weights (beta/hidden = 5000/100, gamma/hidden = 5/100) of the statistics terms.
 OFFICIAL_MEAN_VAR_WEIGHT = (50.0, 0.05)
@@ -70,6 +71,13 @@ def feature_map_loss(
     return total
 
 
+@register("feature_map_loss", stages=("intermediate", "pretraining"), features=(("hidden", "states"),),
+          paper="MobileBERT eq. 2")
+def _feature_map_term(batch: Batch) -> Tensor:
+    return feature_map_loss(*batch.select("hidden", "states"), batch.attention_mask,
+                            normalized=batch.options.feature_map_normalized)
+
+
 def attention_transfer_loss(s_probs: TensorOrList, t_probs: TensorOrList, attention_mask: Tensor | None) -> Tensor:
     """Attention transfer, eq. 3: ``KL(a^tr || a^st)`` per head and query, summed over layers.
 
@@ -81,6 +89,12 @@ def attention_transfer_loss(s_probs: TensorOrList, t_probs: TensorOrList, attent
     for i, (a, b) in enumerate(as_pairs(s_probs, t_probs, "attention_transfer_loss")):
         check_heads(a, b, "attention_transfer_loss", i)
     return attention_kl(s_probs, t_probs, attention_mask)
+
+
+@register("attention_transfer_loss", stages=("intermediate", "pretraining"), features=(("probs", "attention"),),
+          head_wise=True, paper="MobileBERT eq. 3")
+def _attention_transfer_term(batch: Batch) -> Tensor:
+    return attention_transfer_loss(*batch.select("probs", "attention"), batch.attention_mask)
 
 
 def pretraining_distillation_loss(
@@ -131,3 +145,15 @@ def pretraining_distillation_loss(
             raise ValueError("pretraining_distillation_loss: nsp_logits given without nsp_labels")
         loss = loss + F.cross_entropy(nsp_logits, nsp_labels)
     return loss
+
+
+@register("pretraining_distillation_loss", stages=("pretraining",), teacher_logits=True, paper="MobileBERT eq. 4")
+def _pretraining_distillation_term(batch: Batch) -> Tensor:
+    """Eq. 4 on the MLM logits (alpha = ``options.mlm_alpha``), + NSP when the student has an NSP head and the batch
+    NSP labels."""
+    if batch.labels is None:
+        raise ValueError("pretraining_distillation_loss needs masked-LM labels (a masking collator)")
+    nsp = batch.nsp_logits is not None and batch.nsp_labels is not None
+    return pretraining_distillation_loss(batch.student_logits, batch.teacher_logits, batch.labels,
+                                         batch.options.mlm_alpha, batch.nsp_logits if nsp else None,
+                                         batch.nsp_labels if nsp else None)

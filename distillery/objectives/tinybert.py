@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._common import TensorOrList, as_pairs, check_heads, per_sequence_mean, token_mask
+from .registry import Batch, LossOptions, ObjectiveConfigError, register
 
 #: Additive padding mask value of the official code, and the threshold below which scores are zeroed.
 OFFICIAL_MASK_VALUE = -10000.0
@@ -71,6 +72,13 @@ def attention_loss(
             loss = per_sequence_mean((s - t) ** 2, pair_valid)
         total = loss if total is None else total + loss
     return total
+
+
+@register("attention_loss", stages=("intermediate",), features=(("scores", "attention"),), head_wise=True,
+          paper="TinyBERT eq. 7")
+def _attention_term(batch: Batch) -> Tensor:
+    s, t = batch.select("scores", "attention")
+    return attention_loss(s, t, batch.attention_mask, official_masking=batch.options.official_attention_masking)
 
 
 class HiddenProjection(nn.Module):
@@ -158,6 +166,34 @@ def embedding_loss(s_emb: Tensor, t_emb: Tensor, projection: Projection | None, 
     return hidden_loss([s_emb], [t_emb], projection, indices=[index])
 
 
+def _indexed_states(batch: Batch, embedding: bool) -> list[tuple[int, tuple[int, int]]]:
+    """(projection index, pair) of the hidden pairs after (or of) the embedding: the index of a pair is its position
+    in ``layer_map.hidden`` (one Linear per mapped state with per-layer projections)."""
+    return [(i, p) for i, p in enumerate(batch.layer_map.hidden) if (p[0] == 0) == embedding]
+
+
+@register("hidden_loss", stages=("intermediate",), features=(("hidden", "states"),), projection=True,
+          paper="TinyBERT eq. 8")
+def _hidden_term(batch: Batch) -> Tensor:
+    states = _indexed_states(batch, embedding=False)
+    return hidden_loss(
+        batch.student.select("hidden", [p[0] for _, p in states]),
+        batch.teacher.select("hidden", [p[1] for _, p in states]),
+        batch.projection,
+        indices=[i for i, _ in states],
+    )
+
+
+@register("embedding_loss", stages=("intermediate",), features=(("hidden", "embedding"),), projection=True,
+          paper="TinyBERT eq. 9")
+def _embedding_term(batch: Batch) -> Tensor:
+    emb = _indexed_states(batch, embedding=True)
+    if not emb:
+        raise ObjectiveConfigError("embedding_loss is active but the layer map has no embedding pair (0, 0)")
+    i, (s0, t0) = emb[0]
+    return embedding_loss(batch.student.hidden[s0], batch.teacher.hidden[t0], batch.projection, index=i)
+
+
 def prediction_loss(
     student_logits: Tensor,
     teacher_logits: Tensor,
@@ -219,3 +255,32 @@ def regression_prediction_loss(
     if s.shape != r.shape:
         raise ValueError(f"regression_prediction_loss: student {tuple(s.shape)} != {name} {tuple(r.shape)}")
     return F.mse_loss(s, r.to(s.dtype))
+
+
+def _gold_regression(options: LossOptions, student) -> bool:
+    return options.regression_target == "gold" and student.config.num_labels == 1
+
+
+@register("prediction_loss", stages=("prediction",), teacher_logits=lambda o, s: not _gold_regression(o, s),
+          paper="TinyBERT eq. 10")
+def _prediction_term(batch: Batch) -> Tensor:
+    """Soft cross-entropy (eq. 10) on a classification head; on a one-output (regression) head the MSE of
+    ``regression_prediction_loss`` against the teacher or gold (``options.regression_target``)."""
+    if batch.student_logits.shape[-1] == 1:
+        return regression_prediction_loss(batch.student_logits, batch.teacher_logits, batch.labels,
+                                          target=batch.options.regression_target)
+    if batch.teacher_logits is None:
+        raise ValueError("prediction_loss needs teacher logits (teacher forward or a teacher_logits column)")
+    return prediction_loss(batch.student_logits, batch.teacher_logits, batch.options.temperature,
+                           reduction=batch.options.prediction_reduction)
+
+
+@register("regression_prediction_loss", stages=("prediction",), teacher_logits=lambda o, s: o.regression_target != "gold",
+          paper="TinyBERT eq. 10 on a regression head")
+def _regression_prediction_term(batch: Batch) -> Tensor:
+    if batch.student_logits.shape[-1] != 1:
+        raise ObjectiveConfigError(
+            f"regression_prediction_loss needs a one-output (regression) head, the student has "
+            f"{batch.student_logits.shape[-1]} outputs (use prediction_loss)")
+    return regression_prediction_loss(batch.student_logits, batch.teacher_logits, batch.labels,
+                                      target=batch.options.regression_target)
