@@ -29,26 +29,9 @@ from distillery.io import atomic_path, write_text
 from flows.pipeline import add_params_options, params_path, pipeline
 from tasks import paths, tracking
 
-#: variant -> (what the paper calls it, the recipe fields it changes)
-VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "no-gd": ("w/o GD", {"general_distillation": False}),
-    "no-da": ("w/o DA", {"augmentation": False}),
-    "no-step1": ("w/o task step 1", {"intermediate_step": False}),
-    "no-attn": ("w/o Attn", {"objectives": {"attention_loss": 0.0}}),
-}
-
-
 def variants(p: Params, student: str) -> dict[str, Any]:
-    """`<student>-<variant>` -> recipe, for the variants that change something for this student."""
-    recipe = p.students[student]
-    out = {}
-    for name, (_, change) in VARIANTS.items():
-        if name == "no-gd" and not recipe.runs_general:
-            continue  # it starts from teacher layers or a checkpoint: there is no general distillation to remove
-        if "objectives" in change:
-            change = {"objectives": {**dict(recipe.weights.weights), **change["objectives"]}}
-        out[f"{student}-{name}"] = recipe.model_copy(update=change)
-    return out
+    """`<student>-<variant>` -> recipe: the ablations the student's recipe defines (`Recipe.ablations`)."""
+    return {f"{student}-{name}": recipe for name, (_, recipe) in p.students[student].ablations().items()}
 
 
 def ablation_params(p: Params, student: str) -> dict[str, Any]:
@@ -64,9 +47,9 @@ def ablation_params(p: Params, student: str) -> dict[str, Any]:
 
 def _default_student(p: Params, params_file: str) -> str:
     for name, recipe in p.students.items():
-        if recipe.recipe == "tinybert":
+        if recipe.ablations():
             return name
-    raise ConfigError(f"{params_file}: students: the ablations are TinyBERT's; no student has recipe 'tinybert'")
+    raise ConfigError(f"{params_file}: students: no student's recipe defines ablations (TinyBERT's do)")
 
 
 def table(p: Params, student: str, summary: dict[str, Any]) -> tuple[list[str], list[tuple[str, str, list[float | None]]]]:
@@ -75,8 +58,9 @@ def table(p: Params, student: str, summary: dict[str, Any]) -> tuple[list[str], 
 
     tasks = list(p.data.tasks)
     rows = []
+    labels = {f"{student}-{n}": label for n, (label, _) in p.students[student].ablations().items()}
     for name in [student, *variants(p, student)]:
-        label = "full" if name == student else VARIANTS[name[len(student) + 1:]][0]
+        label = "full" if name == student else labels[name]
         rows.append((name, label, [task_score(t, summary[t][name]) for t in tasks]))
     return tasks, rows
 
@@ -128,9 +112,9 @@ def run(params_file: str, student: str | None = None) -> Path:
     student = student or _default_student(p, params_file)
     if student not in p.students:
         raise ConfigError(f"{params_file}: students: no student {student!r}; students: {sorted(p.students)}")
-    if p.students[student].recipe != "tinybert":
-        raise ConfigError(f"{params_file}: students.{student}: the ablations are TinyBERT's; its recipe is "
-                          f"{p.students[student].recipe!r}")
+    if not p.students[student].ablations():
+        raise ConfigError(f"{params_file}: students.{student}: its recipe {p.students[student].recipe!r} defines no "
+                          "ablations (TinyBERT's do)")
     ablation_file = paths.REPORTS / "ablation" / "params.yaml"
     write_text(ablation_file, yaml.safe_dump(ablation_params(p, student), sort_keys=False))
     ablated = load_params(ablation_file)

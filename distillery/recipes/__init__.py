@@ -8,14 +8,14 @@ loss terms with their default weights (see ``base.py`` for what every recipe say
     mobilebert  IB teacher -> progressive | joint transfer (eqs. 2-3) -> pre-training distillation (eq. 4) -> fine-tuning
     any         init from a general checkpoint (path or Hub name) skips general distillation
 
-Adding a paper: its module here (a ``Recipe`` subclass with ``@register``), one import line below, its loss terms in
-``distillery/objectives/`` (``@register`` of ``distillery.objectives.registry``), tests, params and a README row.
+Adding a paper: its module here (a ``Recipe`` subclass with ``@register``; every module of this package is imported
+below, so nothing else lists it), its loss terms in ``distillery/objectives/<paper>.py`` (``@register`` of
+``distillery.objectives.registry``), tests, params and a README row.
 """
 
-from distillery.recipes import distilbert as _distilbert  # noqa: F401  (each import registers its recipe)
-from distillery.recipes import minilm as _minilm  # noqa: F401
-from distillery.recipes import mobilebert as _mobilebert  # noqa: F401
-from distillery.recipes import tinybert as _tinybert  # noqa: F401
+import importlib
+import pkgutil
+
 from distillery.recipes.base import (
     INIT_KINDS,
     CheckpointInit,
@@ -36,6 +36,10 @@ from distillery.recipes.minilm import MiniLMRecipe
 from distillery.recipes.mobilebert import IBTeacher, MobileBertRecipe
 from distillery.recipes.registry import RECIPES, recipe_from_yaml, student_recipe_type
 from distillery.recipes.tinybert import TinyBertRecipe
+
+for _module in pkgutil.iter_modules(__path__):  # each recipe module registers its recipe class when imported
+    if _module.name not in ("base", "registry"):
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 #: The params type of ``students.<name>``: every registered recipe, by its ``recipe`` tag.
 StudentRecipe = student_recipe_type()

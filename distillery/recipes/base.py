@@ -283,6 +283,10 @@ class Recipe(Section):
         """The recipe's official-behaviour switches, for the model card and MLflow."""
         return {"teacher_train_mode": self.teacher_train_mode}
 
+    def ablations(self) -> dict[str, tuple[str, "Recipe"]]:
+        """The paper's ablations of this student: variant name -> (what the paper calls it, the changed recipe)."""
+        return {}
+
     def loss_options(self, **task: Any):
         """``LossOptions`` of this recipe's equations (``task``: the task stage's temperature / regression target)."""
         from distillery.objectives.registry import LossOptions

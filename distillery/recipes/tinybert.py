@@ -46,6 +46,16 @@ class TinyBertRecipe(Recipe):
         return {**super().options(), "official_attention_masking": self.official_attention_masking,
                 "per_layer_projection": self.per_layer_projection, "prediction_reduction": self.prediction_reduction}
 
+    def ablations(self) -> dict[str, tuple[str, Recipe]]:
+        """Tables 2-3: without general distillation (when it has one), data augmentation, step 1, the attention loss."""
+        out = {} if not self.runs_general else {
+            "no-gd": ("w/o GD", self.model_copy(update={"general_distillation": False}))}
+        out["no-da"] = ("w/o DA", self.model_copy(update={"augmentation": False}))
+        out["no-step1"] = ("w/o task step 1", self.model_copy(update={"intermediate_step": False}))
+        out["no-attn"] = ("w/o Attn", self.model_copy(
+            update={"objectives": {**dict(self.weights.weights), "attention_loss": 0.0}}))
+        return out
+
     def loss_options(self, **task: Any):
         from distillery.objectives.registry import LossOptions
 
