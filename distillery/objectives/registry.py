@@ -11,7 +11,7 @@ union of the active terms' features, runs the teacher only when a term needs it,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Literal, Mapping, Sequence
 
@@ -38,7 +38,8 @@ class LossOptions:
     of it), DistilBERT's soft targets, BERT-PKD's L_DS. regression_target: STS-B prediction loss against the teacher
     (default) or gold (official code). official_attention_masking: TinyBERT eq. 7 with the official -10000/zeroing
     semantics. n_relation_heads: MiniLMv2 relation heads. feature_map_normalized: MobileBERT eq. 2 in the official
-    normalised form. mlm_alpha: MobileBERT eq. 4's alpha."""
+    normalised form. mlm_alpha: MobileBERT eq. 4's alpha. extra: the knobs of a paper's own terms, read by its
+    compute functions (e.g. BERT-PKD's ``patient_reduction``)."""
 
     temperature: float = 1.0
     prediction_reduction: Literal["paper", "official"] = "paper"
@@ -47,6 +48,7 @@ class LossOptions:
     n_relation_heads: int = 12
     feature_map_normalized: bool = False
     mlm_alpha: float = 0.5
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.temperature <= 0:
