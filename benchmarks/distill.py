@@ -28,12 +28,17 @@ import transformers
 
 from distillery.layer_map import build_layer_map
 from distillery.models import StudentShape, student_config
-from distillery.objectives import ObjectiveWeights
-from distillery.training.distill import Distiller, DistillSettings, make_projection
+from distillery.training.distill import Distiller, make_projection
 from distillery.training.grid import prediction_grid
 from distillery.training.metrics import accuracy
+from distillery.training.spec import DistillSpec, Grid, TrainRun
 
 VOCAB = 30522
+#: TinyBERT's intermediate stage (eqs. 7-9) and prediction stage (eq. 10), paper weights
+INTERMEDIATE = {"attention_loss": 1.0, "hidden_loss": 1.0, "embedding_loss": 1.0}
+PREDICTION = {"prediction_loss": 1.0}
+#: TinyBERT Sec. 4.2, step 2: lr x batch size
+PAPER_LRS, PAPER_BATCH_SIZES = (1e-5, 2e-5, 3e-5), (16, 32)
 
 
 #: (layers, hidden, heads, intermediate): TinyBERT Table 1's teacher and student
@@ -75,9 +80,9 @@ def step_benchmark(reps: int, bsz: int, seq: int, *, device: str = "cpu", bf16: 
     dev = torch.device(device)
     teacher, student = teacher_model(teacher_shape, vocab).to(dev), student_model(student_shape, vocab).to(dev)
     lm = build_layer_map("uniform", student_shape[0], teacher_shape[0])
-    settings = DistillSettings(ObjectiveWeights.from_config("tinybert-intermediate"), lm, stage="intermediate")
+    spec = DistillSpec(INTERMEDIATE, "intermediate", lm)
     proj = make_projection(student, teacher, lm).to(dev)
-    distiller = Distiller(student, teacher, settings, proj).train()
+    distiller = Distiller(student, teacher, spec, proj).train()
     opt = torch.optim.AdamW([p for p in distiller.parameters() if p.requires_grad], lr=1e-4, fused=dev.type == "cuda")
     b = {k: v.to(dev) for k, v in batch(bsz, seq, vocab=vocab).items()}
     student.train()
@@ -129,14 +134,17 @@ def grid_benchmark(examples: int, seq: int, tmp: Path, epochs: float) -> tuple[f
     rows = {k: v.tolist() for k, v in b.items()}
     full = datasets.Dataset.from_dict({**rows, "idx": list(range(examples + 64))})
     train, dev = full.select(range(examples)), full.select(range(examples, examples + 64))
-    common = dict(compute_metrics=accuracy, main_score="accuracy", epochs=epochs, save_strategy="no",
-                  eval_strategy="no", load_best_model_at_end=False, disable_tqdm=True, logging_steps=50,
-                  per_device_eval_batch_size=64)
+    run = TrainRun(tmp / "grid-fly", train, dev, compute_metrics=accuracy, main_score="accuracy",
+                   args=dict(save_strategy="no", eval_strategy="no", load_best_model_at_end=False, disable_tqdm=True,
+                             logging_steps=50, per_device_eval_batch_size=64))
+    spec = DistillSpec(PREDICTION, "prediction")
     t0 = time.perf_counter()
-    prediction_grid(teacher, tmp / "student", train, dev, tmp / "grid-fly", cache=False, **common)
+    prediction_grid(teacher, tmp / "student", spec, run,
+                    Grid(PAPER_LRS, PAPER_BATCH_SIZES, epochs, cache_teacher_logits=False))
     c = time.perf_counter() - t0
     t0 = time.perf_counter()
-    prediction_grid(teacher, tmp / "student", train, dev, tmp / "grid-cache", cache_dir=tmp / "cache", **common)
+    prediction_grid(teacher, tmp / "student", spec, run.with_(output_dir=tmp / "grid-cache"),
+                    Grid(PAPER_LRS, PAPER_BATCH_SIZES, epochs, cache_dir=tmp / "cache"))
     d = time.perf_counter() - t0
     print(f"(c) grid, teacher on the fly: {c:.1f}s   (d) grid, teacher logits cached once: {d:.1f}s "
           f"({examples} examples, 3 lrs x 2 batch sizes x {epochs:g} epochs)")

@@ -50,6 +50,7 @@ def main(out: Path) -> None:
     from distillery.training.grid import prediction_grid
     from distillery.training.progressive_transfer import progressive_transfer, student_from_teacher
     from distillery.training.metrics import accuracy
+    from distillery.training.spec import DistillSpec, Grid, TrainRun
     from distillery.models import resolve_shape
     from test_training_utils import bert_config, encoded, sentences
 
@@ -85,8 +86,9 @@ def main(out: Path) -> None:
     state = {f"init.{k}": v.clone() for k, v in student.state_dict().items()}
     seen = torch.zeros(1, dtype=torch.int64)  # examples this process's student trained on: its share of the data
     hook = student.register_forward_hook(lambda m, a, kw, o: seen.add_(kw["input_ids"].shape[0]), with_kwargs=True)
-    general = distill(teacher, student, corpus, None, run / "general", layer_map=lm, stage="intermediate",
-                      projection=projection, learning_rate=5e-3, tokenizer=tok, **batch, **ARGS)
+    tinybert = {"attention_loss": 1.0, "hidden_loss": 1.0, "embedding_loss": 1.0}
+    general = distill(teacher, student, DistillSpec(tinybert, "intermediate", lm, projection=projection),
+                      TrainRun(run / "general", corpus, tokenizer=tok, args={"learning_rate": 5e-3, **batch, **ARGS}))
 
     hook.remove()
     state["examples_seen"] = seen
@@ -100,13 +102,14 @@ def main(out: Path) -> None:
         made.append(transformers.AutoModelForSequenceClassification.from_pretrained(str(general), num_labels=2))
         return made[-1]
 
-    prediction_grid(teacher, task_student, train, dev, run / "grid", compute_metrics=accuracy, main_score="accuracy",
-                    learning_rates=(3e-3,), batch_sizes=(GLOBAL_BATCH,), epochs=1, tokenizer=tok, **EVAL, **ARGS)
+    task = TrainRun(run / "grid", train, dev, tokenizer=tok, compute_metrics=accuracy, main_score="accuracy",
+                    args={**EVAL, **ARGS})
+    prediction_grid(teacher, task_student, DistillSpec({"prediction_loss": 1.0}, "prediction"), task,
+                    Grid((3e-3,), (GLOBAL_BATCH,), epochs=1))
 
     # fine-tuning (the teacher and baseline stages' loop)
     tuned = model(2, seed=4)
-    finetune(tuned, train, dev, run / "finetune", compute_metrics=accuracy, main_score="accuracy", learning_rate=3e-3,
-             tokenizer=tok, **batch, **EVAL, **ARGS)
+    finetune(tuned, task.with_(output_dir=run / "finetune", args={"learning_rate": 3e-3, **batch}))
 
     # MobileBERT progressive knowledge transfer (one layer per stage, lower layers at 0.1x) from an IB teacher
     # converted from a micro BERT: the `knowledge_transfer` stage's loop, a new DDP wrapper per layer stage
@@ -114,9 +117,11 @@ def main(out: Path) -> None:
     ib = convert_bert(transformers.BertForMaskedLM(bert_config(vocab, 2, **NO_DROPOUT)), MOBILE).eval()
     mobile = student_from_teacher(MOBILE, ib, head="mlm")
     state.update({f"transfer-init.{k}": v.clone() for k, v in mobile.state_dict().items()})
-    progressive_transfer(ib, mobile, corpus, run / "transfer", epochs=2, tokenizer=tok,
-                         args={"per_device_train_batch_size": per_device_batch(GLOBAL_BATCH), "learning_rate": 5e-3,
-                               **ARGS})
+    progressive_transfer(ib, mobile, DistillSpec({"feature_map_loss": 1.0, "attention_transfer_loss": 1.0}),
+                         TrainRun(run / "transfer", corpus, tokenizer=tok,
+                                  args={"per_device_train_batch_size": per_device_batch(GLOBAL_BATCH),
+                                        "learning_rate": 5e-3, **ARGS}),
+                         epochs=2)
 
     for prefix, module in (("general", student), ("projection", projection), ("task", made[0]),
                            ("finetune", tuned), ("transfer", mobile)):

@@ -10,9 +10,9 @@ import torch
 from benchmarks import gpu
 from benchmarks.distill import batch, student_model, teacher_model
 from distillery.layer_map import build_layer_map
-from distillery.objectives import ObjectiveWeights
 from distillery.training import args as targs_mod
-from distillery.training.distill import Distiller, DistillSettings, make_projection
+from distillery.training.distill import Distiller, make_projection
+from distillery.training.spec import DistillSpec
 
 from test_training_utils import one_thread  # noqa: F401  (fixture)
 
@@ -53,9 +53,9 @@ def test_bf16_autocast_step_matches_fp32(one_thread):
     torch.manual_seed(0)
     teacher, student = teacher_model((2, 64, 2, 128), 1000), student_model((1, 32, 2, 64), 1000)
     lm = build_layer_map("uniform", 1, 2)
-    settings = DistillSettings(ObjectiveWeights.from_config("tinybert-intermediate"), lm, stage="intermediate")
+    spec = DistillSpec({"attention_loss": 1.0, "hidden_loss": 1.0, "embedding_loss": 1.0}, "intermediate", lm)
     # eval mode: no dropout, so both passes see the same network (without labels it still distils)
-    distiller = Distiller(student, teacher, settings, make_projection(student, teacher, lm)).eval()
+    distiller = Distiller(student, teacher, spec, make_projection(student, teacher, lm)).eval()
     b = {k: v for k, v in batch(8, 16, vocab=1000).items() if k != "labels"}
 
     def step(bf16: bool):

@@ -15,10 +15,10 @@ import transformers as tr
 from distillery.corpus import sentence_pairs
 from distillery.ib_teacher import IBShapeError, convert_bert, converted_shape, scratch_shape
 from distillery.models import build_student, load_model, num_parameters, resolve_shape
-from distillery.objectives import ObjectiveWeights, attention_transfer_loss, feature_map_loss
+from distillery.objectives import LossOptions, attention_transfer_loss, feature_map_loss
 from distillery.models import Dims
 from distillery.recipes import MobileBertRecipe, RecipeError
-from distillery.training.distill import DistillSettings, Distiller, distill
+from distillery.training.distill import Distiller, distill
 from distillery.training.log import read_log
 from distillery.training.pretraining_distillation import nsp_dataset
 from distillery.training.progressive_transfer import (
@@ -27,6 +27,7 @@ from distillery.training.progressive_transfer import (
     progressive_transfer,
     student_from_teacher,
 )
+from distillery.training.spec import DistillSpec, TrainRun
 
 VOCAB = 60
 NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
@@ -183,14 +184,17 @@ def test_copied_embedding_and_classifier_equal_the_teachers(ib_teacher, preset):
                                    ib_teacher.mobilebert.embeddings(input_ids=ids), rtol=0, atol=0)
 
 
-def _settings(objectives, stage="intermediate", layers=(1, 2, 3), alpha=0.5):
-    return DistillSettings(objectives=ObjectiveWeights.from_config(objectives), layer_map=layer_wise_map(layers),
-                           stage=stage, mlm_alpha=alpha)
+#: MobileBERT's layer-wise knowledge transfer: eq. 2 + eq. 3
+LAYER_WISE = {"feature_map_loss": 1.0, "attention_transfer_loss": 1.0}
+
+
+def _spec(objectives, stage="intermediate", layers=(1, 2, 3), alpha=0.5):
+    return DistillSpec(objectives, stage, layer_wise_map(layers), LossOptions(mlm_alpha=alpha))
 
 
 def test_layer_wise_losses_compare_without_projection(ib_teacher):
     student = student_from_teacher(STUDENT, ib_teacher, head="mlm")
-    model = Distiller(student, ib_teacher, _settings("mobilebert-layerwise")).train()
+    model = Distiller(student, ib_teacher, _spec(LAYER_WISE)).train()
     assert model.projection is None
     batch = _batch()
     out = model(**batch)
@@ -229,8 +233,8 @@ def test_progressive_stage_trains_layer_l_at_the_full_rate(ib_teacher, tmp_path,
     before = {k: v.detach().clone() for k, v in student.state_dict().items()}
     lr = 1e-3
     groups = progressive_param_groups(student, 2, scale)
-    distill(ib_teacher, student, _corpus(), None, tmp_path / "stage", layer_map=layer_wise_map([2]),
-            objectives="mobilebert-layerwise", stage="intermediate", param_groups=groups, args=_one_step_args(lr))
+    distill(ib_teacher, student, _spec(LAYER_WISE, layers=[2]),
+            TrainRun(tmp_path / "stage", _corpus(), args=_one_step_args(lr), param_groups=groups))
     student.requires_grad_(True)
     after = student.state_dict()
 
@@ -248,9 +252,12 @@ def test_progressive_stage_trains_layer_l_at_the_full_rate(ib_teacher, tmp_path,
 
 def test_progressive_transfer_runs_every_layer_stage(ib_teacher, tmp_path, tokenizer):
     student = student_from_teacher(STUDENT, ib_teacher, head="mlm")
-    final = progressive_transfer(ib_teacher, student, _corpus(16), tmp_path / "pkt", epochs=3, tokenizer=tokenizer,
-                                 args={"per_device_train_batch_size": 8, "learning_rate": 1e-3, "logging_steps": 1,
-                                       "use_cpu": True, "disable_tqdm": True})
+    final = progressive_transfer(
+        ib_teacher, student, DistillSpec(LAYER_WISE), TrainRun(
+            tmp_path / "pkt", _corpus(16), tokenizer=tokenizer,
+            args={"per_device_train_batch_size": 8, "learning_rate": 1e-3, "logging_steps": 1, "use_cpu": True,
+                  "disable_tqdm": True}),
+        epochs=3)
     layers = {row["layer"] for row in read_log(final / "train_log.csv")}
     assert layers == {1.0, 2.0, 3.0} and not (tmp_path / "pkt" / "layers").exists()
     reloaded = tr.AutoModelForMaskedLM.from_pretrained(final)  # the student is a plain HF model
@@ -286,8 +293,8 @@ def test_pretraining_distillation_matches_a_float64_reference(ib_teacher, tokeni
     collator = tr.DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.3, seed=0)
     batch = collator([data[i] for i in range(min(6, len(data)))])
     assert {"labels", "next_sentence_label", "token_type_ids"} <= set(batch)
-    model = Distiller(student, ib_teacher, _settings({"pretraining_distillation_loss": 1.0}, "pretraining", (),
-                                                     alpha)).train()
+    model = Distiller(student, ib_teacher, _spec({"pretraining_distillation_loss": 1.0}, "pretraining", (),
+                                                 alpha)).train()
     loss = model(**batch).loss
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
     with torch.no_grad():
@@ -321,12 +328,14 @@ def test_joint_and_auxiliary_transfer(ib_teacher, tokenizer, tmp_path):
     args = {"per_device_train_batch_size": 8, "learning_rate": 1e-3, "logging_steps": 1, "use_cpu": True,
             "disable_tqdm": True, "max_steps": 2}
     student = student_from_teacher(STUDENT, ib_teacher, head="pretraining")
-    joint = joint_transfer(ib_teacher, student, _corpus(16), tmp_path / "jkt", tokenizer=tokenizer, args=args)
+    run = TrainRun(tmp_path / "jkt", _corpus(16), tokenizer=tokenizer, args=args)
+    joint = joint_transfer(ib_teacher, student, DistillSpec(LAYER_WISE), run)
     assert "train_feature_map_loss" in (joint / "train_log.csv").read_text()
     docs = [[" ".join(f"w{(5 * d + s + k) % 50}" for k in range(3)) for s in range(4)] for d in range(5)]
     data = nsp_dataset(sentence_pairs(docs, tokenizer, 20, seed=1), tokenizer, 20)
-    aux = pretraining_distillation(ib_teacher, student, data, tmp_path / "akt", tokenizer=tokenizer,
-                                   layer_wise={"feature_map_loss": 1.0, "attention_transfer_loss": 1.0}, args=args)
+    auxiliary = _spec({"pretraining_distillation_loss": 1.0, **LAYER_WISE}, "pretraining")
+    aux = pretraining_distillation(ib_teacher, student, auxiliary, run.with_(output_dir=tmp_path / "akt",
+                                                                            train_dataset=data))
     header = (aux / "train_log.csv").read_text().splitlines()[0]
     for term in ("train_pretraining_distillation_loss", "train_feature_map_loss", "train_attention_transfer_loss"):
         assert term in header

@@ -11,14 +11,15 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from distillery.layer_map import LayerMapError, build_layer_map
-from distillery.objectives import ObjectiveConfigError, ObjectiveWeights
-from distillery.training.distill import Distiller, DistillSettings, distill, make_projection
+from distillery.objectives import ObjectiveConfigError
+from distillery.training.distill import Distiller, distill, make_projection
 from distillery.training.distill_state import STATE_NAME, load_projection
 from distillery.training.finetune import finetune
 from distillery.training.grid import prediction_grid
 from distillery.training.log import read_log
 from distillery.training.logits_cache import cache_teacher_logits, teacher_fingerprint
 from distillery.training.metrics import accuracy
+from distillery.training.spec import DistillSpec, Grid, TrainRun
 
 from test_training_utils import one_thread, FAST, classifier, encoded, tokenizer  # noqa: F401
 
@@ -30,14 +31,23 @@ def task(tmp_path_factory):
     d = tmp_path_factory.mktemp("task")
     tok = tokenizer(d)
     train, dev = encoded(tok, 320, seed=10), encoded(tok, 128, seed=11)
-    teacher_dir = finetune(
-        classifier(tok.vocab_size, 4, seed=1), train, dev, d / "teacher", compute_metrics=accuracy,
-        main_score="accuracy", num_train_epochs=4, learning_rate=3e-3, per_device_train_batch_size=16,
-        save_strategy="no", eval_strategy="epoch", load_best_model_at_end=False, **FAST,
-    )
+    teacher_dir = finetune(classifier(tok.vocab_size, 4, seed=1), TrainRun(
+        d / "teacher", train, dev, compute_metrics=accuracy, main_score="accuracy",
+        args=dict(num_train_epochs=4, learning_rate=3e-3, per_device_train_batch_size=16, save_strategy="no",
+                  eval_strategy="epoch", load_best_model_at_end=False, **FAST),
+    ))
     teacher = transformers.AutoModelForSequenceClassification.from_pretrained(teacher_dir)
     acc = json.loads((teacher_dir / "metrics.json").read_text())["eval_accuracy"]
     return {"tok": tok, "train": train, "dev": dev, "teacher": teacher, "teacher_acc": acc, "dir": d}
+
+
+#: TinyBERT's intermediate stage (eqs. 7-9) and prediction stage (eq. 10)
+TINYBERT = {"attention_loss": 1.0, "hidden_loss": 1.0, "embedding_loss": 1.0}
+PREDICTION = DistillSpec({"prediction_loss": 1.0}, "prediction")
+
+
+def intermediate(layer_map, **kw) -> DistillSpec:
+    return DistillSpec(TINYBERT, "intermediate", layer_map, **kw)
 
 
 def student(vocab_size: int, seed: int = 2):
@@ -48,20 +58,19 @@ def student(vocab_size: int, seed: int = 2):
 def test_tinybert_two_stage_student_reaches_90_percent_of_teacher(task, tmp_path):
     assert task["teacher_acc"] >= 0.9, "the teacher must learn the generated task for this test to mean anything"
     lm = build_layer_map("uniform", 2, 4)
-    step1 = distill(
-        task["teacher"], student(task["tok"].vocab_size), task["train"], None, tmp_path / "step1", layer_map=lm,
-        stage="intermediate", num_train_epochs=6, learning_rate=5e-3, per_device_train_batch_size=32,
-        save_strategy="no", **FAST,
-    )
+    step1 = distill(task["teacher"], student(task["tok"].vocab_size), intermediate(lm), TrainRun(
+        tmp_path / "step1", task["train"],
+        args=dict(num_train_epochs=6, learning_rate=5e-3, per_device_train_batch_size=32, save_strategy="no", **FAST),
+    ))
     log = read_log(step1 / "train_log.csv")
     att = [r["train_attention_loss"] for r in log if "train_attention_loss" in r]
     hid = [r["train_hidden_loss"] for r in log if "train_hidden_loss" in r]
     assert att[-1] < att[0] and hid[-1] < hid[0]
     assert all("train_embedding_loss" in r for r in log if "loss" in r)
     step2 = distill(
-        task["teacher"], transformers.AutoModelForSequenceClassification.from_pretrained(step1), task["train"],
-        task["dev"], tmp_path / "step2", stage="prediction", compute_metrics=accuracy, main_score="accuracy",
-        num_train_epochs=4, learning_rate=3e-3, per_device_train_batch_size=16, **FAST,
+        task["teacher"], transformers.AutoModelForSequenceClassification.from_pretrained(step1), PREDICTION,
+        TrainRun(tmp_path / "step2", task["train"], task["dev"], compute_metrics=accuracy, main_score="accuracy",
+                 args=dict(num_train_epochs=4, learning_rate=3e-3, per_device_train_batch_size=16, **FAST)),
     )
     acc = json.loads((step2 / "metrics.json").read_text())["eval_accuracy"]
     assert acc >= 0.9 * task["teacher_acc"], (acc, task["teacher_acc"])
@@ -69,9 +78,9 @@ def test_tinybert_two_stage_student_reaches_90_percent_of_teacher(task, tmp_path
 
 def test_projection_saved_beside_not_inside_and_student_loads_plainly(task, tmp_path):
     lm = build_layer_map("uniform", 2, 4)
-    out = distill(task["teacher"], student(task["tok"].vocab_size), task["train"].select(range(64)), None,
-                  tmp_path / "gd", layer_map=lm, stage="intermediate", max_steps=2, per_device_train_batch_size=32,
-                  tokenizer=task["tok"], **FAST)
+    out = distill(task["teacher"], student(task["tok"].vocab_size), intermediate(lm),
+                  TrainRun(tmp_path / "gd", task["train"].select(range(64)), tokenizer=task["tok"],
+                           args=dict(max_steps=2, per_device_train_batch_size=32, **FAST)))
     with safe_open(str(out / "model.safetensors"), framework="pt") as fh:
         keys = list(fh.keys())
     assert keys and not any("projection" in k or k.startswith("layers.") for k in keys)
@@ -90,19 +99,22 @@ def test_projection_saved_beside_not_inside_and_student_loads_plainly(task, tmp_
 
 def test_resume_restores_student_and_projection(task, tmp_path):
     lm = build_layer_map("uniform", 2, 4)
-    kw = dict(layer_map=lm, stage="intermediate", per_device_train_batch_size=16, save_strategy="steps",
-              save_steps=3, logging_steps=1, **{k: v for k, v in FAST.items() if k != "logging_steps"})
-    data = task["train"].select(range(96))
-    first = distill(task["teacher"], student(task["tok"].vocab_size, 3), data, None, tmp_path / "r", max_steps=3, **kw)
+    kw = dict(per_device_train_batch_size=16, save_strategy="steps", save_steps=3, logging_steps=1,
+              **{k: v for k, v in FAST.items() if k != "logging_steps"})
+    run = TrainRun(tmp_path / "r", task["train"].select(range(96)), args=kw)
+    first = distill(task["teacher"], student(task["tok"].vocab_size, 3), intermediate(lm),
+                    run.with_(args={"max_steps": 3}))
     # a checkpoint is the Distiller's state: the student and its projection in one file
     saved = load_file(str(tmp_path / "r" / "checkpoints" / "checkpoint-3" / "model.safetensors"))
     assert torch.equal(saved["projection.layers.0.weight"], load_projection(first).layers[0].weight)
     # a new run with fresh (different) student and projection resumes from checkpoint-3 and continues
-    second = distill(task["teacher"], student(task["tok"].vocab_size, 4), data, None, tmp_path / "r", max_steps=6, **kw)
+    second = distill(task["teacher"], student(task["tok"].vocab_size, 4), intermediate(lm),
+                     run.with_(args={"max_steps": 6}))
     steps = [int(r["step"]) for r in read_log(second / "train_log.csv") if "loss" in r]
     assert steps == [1, 2, 3, 4, 5, 6]
     # resuming a finished run trains nothing: the export is exactly the checkpoint (student AND projection)
-    third = distill(task["teacher"], student(task["tok"].vocab_size, 5), data, None, tmp_path / "r", max_steps=6, **kw)
+    third = distill(task["teacher"], student(task["tok"].vocab_size, 5), intermediate(lm),
+                    run.with_(args={"max_steps": 6}))
     ck = load_file(str(tmp_path / "r" / "checkpoints" / "checkpoint-6" / "model.safetensors"))
     assert torch.equal(load_projection(third).layers[0].weight, ck["projection.layers.0.weight"])
     a = transformers.AutoModel.from_pretrained(third).embeddings.word_embeddings.weight
@@ -125,10 +137,10 @@ def test_logits_cache_teacher_runs_once_per_example_across_grid(task, tmp_path):
     counter = CountingTeacher(teacher)
     train, dev = task["train"].select(range(64)), task["dev"].select(range(32))
     make = lambda: student(task["tok"].vocab_size)  # noqa: E731
-    grid = prediction_grid(teacher, make, train, dev, tmp_path / "grid", compute_metrics=accuracy,
-                           main_score="accuracy", learning_rates=(1e-3, 3e-3), batch_sizes=(16, 32), epochs=2,
-                           cache_dir=tmp_path / "cache", save_strategy="no", eval_strategy="epoch",
-                           load_best_model_at_end=False, **FAST)
+    run = TrainRun(tmp_path / "grid", train, dev, compute_metrics=accuracy, main_score="accuracy",
+                   args=dict(save_strategy="no", eval_strategy="epoch", load_best_model_at_end=False, **FAST))
+    grid = prediction_grid(teacher, make, PREDICTION, run,
+                           Grid((1e-3, 3e-3), (16, 32), epochs=2, cache_dir=tmp_path / "cache"))
     assert counter.n == len(train)  # 4 runs x 2 epochs, one teacher pass
     assert len(grid.results) == 4 and grid.best["main"] == max(r["main"] for r in grid.results)
     assert json.loads((tmp_path / "grid" / "grid.json").read_text())["best"] == grid.best["name"]
@@ -146,9 +158,8 @@ def test_logits_cache_teacher_runs_once_per_example_across_grid(task, tmp_path):
     assert counter.n == 10
     # without the cache: one teacher pass per run per epoch
     counter.n = 0
-    prediction_grid(teacher, make, train, dev, tmp_path / "grid2", compute_metrics=accuracy, main_score="accuracy",
-                    learning_rates=(1e-3,), batch_sizes=(32,), epochs=2, cache=False, save_strategy="no",
-                    eval_strategy="epoch", load_best_model_at_end=False, **FAST)
+    prediction_grid(teacher, make, PREDICTION, run.with_(output_dir=tmp_path / "grid2"),
+                    Grid((1e-3,), (32,), epochs=2, cache_teacher_logits=False))
     assert counter.n == 2 * len(train)
 
 
@@ -166,9 +177,8 @@ def test_teacher_fingerprint_follows_weights_not_the_directory(task, tmp_path):
 
 def _trainer(task, tmp_path, teacher, train_mode):
     s = student(task["tok"].vocab_size)
-    settings = DistillSettings(ObjectiveWeights({"prediction_loss": 1.0}), build_layer_map("uniform", 2, 4),
-                               stage="prediction")
-    return Distiller(s, teacher, settings, teacher_train_mode=train_mode)
+    return Distiller(s, teacher, PREDICTION.with_(layer_map=build_layer_map("uniform", 2, 4),
+                                                  teacher_train_mode=train_mode))
 
 
 def test_teacher_eval_mode_by_default_train_mode_option(task, tmp_path):
@@ -183,14 +193,24 @@ def test_teacher_eval_mode_by_default_train_mode_option(task, tmp_path):
 
 
 def test_configuration_errors_before_training(task, tmp_path):
+    lm = build_layer_map("uniform", 2, 4)
+    run = TrainRun(tmp_path, task["train"], args=FAST)
     with pytest.raises(LayerMapError):
-        distill(task["teacher"], classifier(task["tok"].vocab_size, 2, heads=4), task["train"], None, tmp_path,
-                layer_map=build_layer_map("uniform", 2, 4), stage="intermediate", **FAST)
+        distill(task["teacher"], classifier(task["tok"].vocab_size, 2, heads=4), intermediate(lm), run)
     with pytest.raises(ObjectiveConfigError, match="'prediction' distillation stage"):
-        distill(task["teacher"], student(task["tok"].vocab_size), task["train"], None, tmp_path,
-                objectives={"attention_loss": 1.0}, stage="prediction", **FAST)
+        DistillSpec({"attention_loss": 1.0}, "prediction")
     with pytest.raises(ObjectiveConfigError, match="cosine_loss"):
-        DistillSettings(ObjectiveWeights({"cosine_loss": 1.0}), build_layer_map("uniform", 2, 4))
+        DistillSpec({"cosine_loss": 1.0}, "intermediate", lm)
+    with pytest.raises(ObjectiveConfigError, match="no objective has a weight > 0"):
+        DistillSpec({"attention_loss": 0.0}, "intermediate", lm)
+    with pytest.raises(ValueError, match="stage must be one of"):
+        DistillSpec(TINYBERT, "both", lm)
+    with pytest.raises(ValueError, match="needs a teacher"):
+        distill(None, student(task["tok"].vocab_size), intermediate(lm), run)
+    with pytest.raises(ValueError, match="teacher_logits"):  # no teacher and no cached logits column
+        distill(None, student(task["tok"].vocab_size), PREDICTION, run)
+    with pytest.raises(ValueError, match="need a layer_map"):
+        distill(task["teacher"], student(task["tok"].vocab_size), DistillSpec(TINYBERT, "intermediate"), run)
     assert not (tmp_path / "model").exists()
 
 

@@ -14,6 +14,7 @@ from distillery.training.log import read_log
 from distillery.training.metrics import accuracy
 from distillery.training.mlm import tokenize_texts, train_mlm
 from distillery.training.saving import last_checkpoint
+from distillery.training.spec import TrainRun
 
 from test_training_utils import one_thread, FAST, bert_config, classifier, encoded, sentences, tokenizer
 
@@ -42,7 +43,7 @@ def test_train_mlm_lowers_loss_and_resumes(tmp_path):
     out = tmp_path / "mlm"
     opts = dict(FAST, per_device_train_batch_size=16, learning_rate=3e-3, save_strategy="steps", save_steps=8,
                 logging_steps=1)
-    final = train_mlm(model, tok, texts, out, max_steps=8, mlm_probability=0.3, **opts)
+    final = train_mlm(model, TrainRun(out, texts, tokenizer=tok, args={**opts, "max_steps": 8}), mlm_probability=0.3)
     log = read_log(final / "train_log.csv")
     losses = [r["loss"] for r in log if "loss" in r]
     assert len(losses) == 8
@@ -50,7 +51,7 @@ def test_train_mlm_lowers_loss_and_resumes(tmp_path):
     assert last_checkpoint(out).endswith("checkpoint-8")
     # resume: continue the same run to 12 steps from checkpoint-8; the log keeps all 12 steps
     model2 = transformers.BertForMaskedLM(bert_config(tok.vocab_size, 2))
-    final = train_mlm(model2, tok, texts, out, max_steps=12, mlm_probability=0.3, **opts)
+    final = train_mlm(model2, TrainRun(out, texts, tokenizer=tok, args={**opts, "max_steps": 12}), mlm_probability=0.3)
     steps = [int(r["step"]) for r in read_log(final / "train_log.csv") if "loss" in r]
     assert steps == list(range(1, 13))
     reloaded = transformers.AutoModelForMaskedLM.from_pretrained(final)
@@ -65,21 +66,21 @@ def test_train_mlm_adds_head_to_headless_checkpoint(tmp_path):
     base = transformers.BertModel(bert_config(tok.vocab_size, 1))
     base.save_pretrained(tmp_path / "encoder")
     texts, _ = sentences(16, seed=3)
-    final = train_mlm(tmp_path / "encoder", tok, texts, tmp_path / "out", max_steps=2,
-                      per_device_train_batch_size=8, **FAST)
+    final = train_mlm(tmp_path / "encoder", TrainRun(tmp_path / "out", texts, tokenizer=tok,
+                                                     args={"max_steps": 2, "per_device_train_batch_size": 8, **FAST}))
     model = transformers.AutoModelForMaskedLM.from_pretrained(final)
     assert isinstance(model, transformers.BertForMaskedLM)
     with pytest.raises(FileNotFoundError, match="missing"):
-        train_mlm(tmp_path / "missing", tok, texts, tmp_path / "o2", max_steps=1, **FAST)
+        train_mlm(tmp_path / "missing", TrainRun(tmp_path / "o2", texts, tokenizer=tok, args={"max_steps": 1, **FAST}))
 
 
 def test_finetune_keeps_best_checkpoint(tmp_path):
     tok = tokenizer(tmp_path)
     train, dev = encoded(tok, 256, seed=4), encoded(tok, 96, seed=5)
     model = classifier(tok.vocab_size, 2)
-    final = finetune(model, train, dev, tmp_path / "ft", compute_metrics=accuracy, main_score="accuracy",
-                     tokenizer=tok, num_train_epochs=4, learning_rate=3e-3, per_device_train_batch_size=16,
-                     **FAST)
+    final = finetune(model, TrainRun(tmp_path / "ft", train, dev, tokenizer=tok, compute_metrics=accuracy,
+                                     main_score="accuracy", args=dict(num_train_epochs=4, learning_rate=3e-3,
+                                                                      per_device_train_batch_size=16, **FAST)))
     metrics = json.loads((final / "metrics.json").read_text())
     evals = [r for r in read_log(final / "train_log.csv") if "eval_main" in r]
     assert sorted({r["epoch"] for r in evals}) == [1.0, 2.0, 3.0, 4.0]

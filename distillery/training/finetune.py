@@ -7,59 +7,28 @@ default) and exported to `output_dir/model`.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
 
-import datasets
-from transformers import PreTrainedModel, Trainer, TrainerCallback, TrainingArguments
+from transformers import PreTrainedModel, Trainer
 
-from distillery.training.args import collator_for, train_arguments
-from distillery.training.log import LOG_NAME, quiet_progress, rows_from_state, write_log
-from distillery.training.metrics import MetricFn, trainer_metrics
-from distillery.training.saving import last_checkpoint, save_final
+from distillery.training.args import collator_for
+from distillery.training.spec import TrainRun
+from distillery.training.trainer import run_arguments, train_and_export
 
 
-def finetune(
-    model: PreTrainedModel,
-    train_dataset: datasets.Dataset,
-    eval_dataset: datasets.Dataset | None,
-    output_dir: str | os.PathLike,
-    *,
-    compute_metrics: MetricFn | None = None,
-    main_score: Callable[[dict], float] | str | None = None,
-    tokenizer=None,
-    args: Mapping[str, Any] | TrainingArguments | None = None,
-    callbacks: Sequence[TrainerCallback] = (),
-    resume: bool = True,
-    **overrides: Any,
-) -> Path:
-    """Fine-tune `model` (a `*ForSequenceClassification`; `num_labels=1` means regression/MSE).
+def finetune(model: PreTrainedModel, run: TrainRun) -> Path:
+    """Fine-tune `model` (a `*ForSequenceClassification`; `num_labels=1` means regression/MSE) on `run`.
 
-    `compute_metrics(predictions, labels) -> dict` receives class ids (or scores for regression);
-    `main_score` picks the selection metric (a key, or a function of the metrics dict). With an eval set the
-    best checkpoint on the main score is restored before export. Returns `output_dir/model`, which also holds
+    `run.compute_metrics(predictions, labels) -> dict` receives class ids (or scores for regression);
+    `run.main_score` picks the selection metric (a key, or a function of the metrics dict). With an eval set the
+    best checkpoint on the main score is restored before export. Returns `run.output_dir/model`, which also holds
     `train_log.csv` and `metrics.json` (the dev metrics of the exported model).
     """
-    if eval_dataset is not None and compute_metrics is None:
+    has_eval = run.eval_dataset is not None
+    if has_eval and run.compute_metrics is None:
         raise ValueError("an eval_dataset needs compute_metrics(predictions, labels) to select the best model")
     # A sequence classifier's loss is its batch mean, which ignores the Trainer's token count; with
     # `average_tokens_across_devices` the Trainer would still multiply it by the number of processes, so under DDP
     # every gradient would be N times one process's (measured: clipping then trains a different model).
-    targs = train_arguments(output_dir, args, eval_dataset is not None,
-                            **{"average_tokens_across_devices": False, **overrides})
-    trainer = Trainer(
-        model=model,
-        args=targs,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        data_collator=collator_for(tokenizer),
-        processing_class=tokenizer,
-        compute_metrics=trainer_metrics(compute_metrics, main_score) if compute_metrics else None,
-        callbacks=list(callbacks),
-    )
-    quiet_progress(trainer)
-    trainer.train(resume_from_checkpoint=last_checkpoint(output_dir) if resume else None)
-    metrics = trainer.evaluate() if eval_dataset is not None else None
-    rows = rows_from_state(trainer.state.log_history)
-    return save_final(output_dir, trainer.model, tokenizer, metrics=metrics, extra=lambda d: write_log(d / LOG_NAME, rows))
+    targs = run_arguments(run, has_eval, average_tokens_across_devices=False)
+    return train_and_export(Trainer, model, run, targs, data_collator=collator_for(run.tokenizer), evaluate=has_eval)

@@ -9,21 +9,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Iterable, Sequence
 
 import datasets
-from transformers import (
-    AutoModelForMaskedLM,
-    DataCollatorForLanguageModeling,
-    PreTrainedModel,
-    Trainer,
-    TrainerCallback,
-    TrainingArguments,
-)
+from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling, PreTrainedModel, Trainer
 
-from distillery.training.args import train_arguments
-from distillery.training.log import LOG_NAME, quiet_progress, rows_from_state, write_log
-from distillery.training.saving import last_checkpoint, save_final
+from distillery.training.spec import TrainRun
+from distillery.training.trainer import run_arguments, train_and_export
 
 
 def tokenize_texts(
@@ -69,25 +61,20 @@ def tokenize_texts(
 
 def train_mlm(
     model: PreTrainedModel | str | os.PathLike,
-    tokenizer,
-    train_data: Sequence[str] | datasets.Dataset,
-    output_dir: str | os.PathLike,
+    run: TrainRun,
     *,
-    eval_data: Sequence[str] | datasets.Dataset | None = None,
     max_length: int = 128,
     pack: bool = False,
     mlm_probability: float = 0.15,
-    args: Mapping[str, Any] | TrainingArguments | None = None,
-    callbacks: Sequence[TrainerCallback] = (),
-    resume: bool = True,
-    **overrides: Any,
 ) -> Path:
-    """Pre-train (or continue pre-training) `model` with the MLM objective; return `output_dir/model`.
+    """Pre-train (or continue pre-training) `model` with the MLM objective; return `run.output_dir/model`.
 
     `model` is an MLM-headed model or a path/Hub name loaded with `AutoModelForMaskedLM` (a checkpoint without
-    an MLM head gets a fresh one). Trainer checkpoints go to `output_dir/checkpoints`; with `resume=True`
-    training continues from the newest one there. The final model, tokenizer and per-step `train_log.csv`
-    (step, loss, ...) are written atomically to `output_dir/model`.
+    an MLM head gets a fresh one). `run.train_dataset` / `run.eval_dataset` are texts or datasets
+    (`tokenize_texts` with `run.tokenizer`, `max_length`, `pack`). Trainer checkpoints go to
+    `run.output_dir/checkpoints`; with `run.resume` training continues from the newest one there. The final model,
+    tokenizer and per-step `train_log.csv` (step, loss, ...) are written atomically to `run.output_dir/model`; with
+    an eval set, its MLM loss to `metrics.json`.
     """
     if not (0.0 < mlm_probability < 1.0):
         raise ValueError(f"mlm_probability must be in (0, 1), got {mlm_probability}")
@@ -96,24 +83,13 @@ def train_mlm(
         if not path.exists() and os.sep in str(model):
             raise FileNotFoundError(f"model directory not found: {path}")
         model = AutoModelForMaskedLM.from_pretrained(str(model))
-    train_ds = tokenize_texts(train_data, tokenizer, max_length, pack=pack)
-    eval_ds = tokenize_texts(eval_data, tokenizer, max_length, pack=pack) if eval_data is not None else None
-    targs = train_arguments(output_dir, args, False, **overrides)
+    tokenizer = run.tokenizer
+    train_ds = tokenize_texts(run.train_dataset, tokenizer, max_length, pack=pack)
+    eval_ds = tokenize_texts(run.eval_dataset, tokenizer, max_length, pack=pack) if run.eval_dataset is not None else None
+    run = run.with_(train_dataset=train_ds, eval_dataset=eval_ds)
+    targs = run_arguments(run, False)
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=mlm_probability, seed=targs.seed)
-    trainer = Trainer(
-        model=model,
-        args=targs,
-        train_dataset=train_ds,
-        eval_dataset=eval_ds,
-        data_collator=collator,
-        processing_class=tokenizer,
-        callbacks=list(callbacks),
-    )
-    quiet_progress(trainer)
-    trainer.train(resume_from_checkpoint=last_checkpoint(output_dir) if resume else None)
-    metrics = trainer.evaluate() if eval_ds is not None else None
-    rows = rows_from_state(trainer.state.log_history)
-    return save_final(output_dir, trainer.model, tokenizer, metrics=metrics, extra=lambda d: write_log(d / LOG_NAME, rows))
+    return train_and_export(Trainer, model, run, targs, data_collator=collator, evaluate=eval_ds is not None)
 
 
 def masked_lm_loss(

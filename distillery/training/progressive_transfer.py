@@ -19,26 +19,24 @@ knowledge transfer (AKT) is that stage with the layer-wise terms added to eq. 4.
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-import datasets
 from torch import nn
 from transformers import PreTrainedModel
 
 from distillery.layer_map import LayerMap
 from distillery.models import build_student, num_layers
-from distillery.objectives import ObjectiveWeights
 from distillery.training.distill import distill
+from distillery.training.spec import DistillSpec, TrainRun
 from distillery.training.distributed import is_main
 from distillery.training.log import LOG_NAME, read_log, write_log
 from distillery.training.saving import model_dir, save_final
 
 __all__ = [
-    "layer_wise_map", "student_from_teacher", "copy_embedding_and_classifier", "progressive_param_groups",
-    "progressive_transfer", "joint_transfer",
+    "layer_wise_map", "layer_pairs", "student_from_teacher", "copy_embedding_and_classifier",
+    "progressive_param_groups", "progressive_transfer", "joint_transfer",
 ]
 
 
@@ -106,32 +104,44 @@ def progressive_param_groups(student: PreTrainedModel, layer: int, lower_layer_l
     return groups
 
 
-def _epochs(args: Mapping[str, Any] | None, epochs: float | None) -> float:
+def _epochs(args: Mapping[str, Any], epochs: float | None) -> float:
     if epochs is not None:
         return float(epochs)
-    return float((args or {}).get("num_train_epochs", 3.0))
+    return float(args.get("num_train_epochs", 3.0))
+
+
+def _transfer_map(spec: DistillSpec, student: PreTrainedModel) -> LayerMap:
+    """The spec's layer map, or MobileBERT's layer-wise map of every layer when it has none."""
+    lm = spec.layer_map
+    return lm if lm.hidden or lm.attention else layer_wise_map(range(1, num_layers(student) + 1))
+
+
+def layer_pairs(layer_map: LayerMap, layer: int) -> LayerMap:
+    """The pairs of `layer_map` that train student layer `layer` (1-based): its block output (hidden state `layer`)
+    and its attention (0-based layer `layer - 1`)."""
+    return LayerMap(hidden=tuple(p for p in layer_map.hidden if p[0] == layer),
+                    attention=tuple(p for p in layer_map.attention if p[0] == layer - 1))
 
 
 def progressive_transfer(
     teacher: PreTrainedModel,
     student: PreTrainedModel,
-    train_dataset: datasets.Dataset,
-    output_dir: str | os.PathLike,
+    spec: DistillSpec,
+    run: TrainRun,
     *,
-    objectives: Mapping[str, float] | ObjectiveWeights | str = "mobilebert-layerwise",
     lower_layer_lr_scale: float = 0.1,
     epochs: float | None = None,
-    tokenizer=None,
-    args: Mapping[str, Any] | None = None,
-    **options: Any,
 ) -> Path:
-    """Progressive knowledge transfer; return `output_dir/model` (the student, heads included, and its log).
+    """Progressive knowledge transfer; return `run.output_dir/model` (the student, heads included, and its log).
 
-    `epochs` is the total over the L stages (each gets `epochs / L`, as the official ``steps_per_phase``);
-    None takes `args["num_train_epochs"]`. `options` go to `distill` (e.g. `feature_map_normalized`)."""
-    output_dir = Path(output_dir)
+    `spec`: the layer-wise objectives (e.g. `feature_map_loss` + `attention_transfer_loss`) and options; stage l
+    distils the pairs of `spec.layer_map` (default: layer l <- layer l for every layer) that belong to student layer
+    l. `epochs` is the total over the L stages (each gets `epochs / L`, as the official ``steps_per_phase``);
+    None takes `run.args["num_train_epochs"]`."""
+    output_dir = run.output_dir
     n = num_layers(student)
-    per_stage = _epochs(args, epochs) / n
+    per_stage = _epochs(run.args, epochs) / n
+    full = _transfer_map(spec, student)
     rows: list[dict[str, Any]] = []
     for layer in range(1, n + 1):
         stage_dir = output_dir / "layers" / f"layer-{layer}"
@@ -139,9 +149,8 @@ def progressive_transfer(
         if not (done / "config.json").is_file():
             groups = progressive_param_groups(student, layer, lower_layer_lr_scale)
             try:
-                distill(teacher, student, train_dataset, None, stage_dir, layer_map=layer_wise_map([layer]),
-                        objectives=objectives, stage="intermediate", tokenizer=tokenizer, args=dict(args or {}),
-                        param_groups=groups, num_train_epochs=per_stage, **options)
+                distill(teacher, student, spec.with_(layer_map=layer_pairs(full, layer)),
+                        run.with_(output_dir=stage_dir, param_groups=groups, args={"num_train_epochs": per_stage}))
             finally:
                 student.requires_grad_(True)
         else:  # finished before an interruption: continue from its saved student
@@ -150,7 +159,7 @@ def progressive_transfer(
         rows += [{**r, "step": int(r["step"]) + offset, "layer": layer} for r in read_log(done / LOG_NAME)]
         if is_main():  # under a launcher: rank 0 wrote the stage (the others waited for it in `distill`)
             shutil.rmtree(stage_dir / "checkpoints", ignore_errors=True)
-    final = save_final(output_dir, student, tokenizer, extra=lambda d: write_log(d / LOG_NAME, rows))
+    final = save_final(output_dir, student, run.tokenizer, extra=lambda d: write_log(d / LOG_NAME, rows))
     if is_main():
         shutil.rmtree(output_dir / "layers", ignore_errors=True)
     return final
@@ -159,17 +168,12 @@ def progressive_transfer(
 def joint_transfer(
     teacher: PreTrainedModel,
     student: PreTrainedModel,
-    train_dataset: datasets.Dataset,
-    output_dir: str | os.PathLike,
+    spec: DistillSpec,
+    run: TrainRun,
     *,
-    objectives: Mapping[str, float] | ObjectiveWeights | str = "mobilebert-layerwise",
     epochs: float | None = None,
-    tokenizer=None,
-    args: Mapping[str, Any] | None = None,
-    **options: Any,
 ) -> Path:
-    """Joint knowledge transfer: every layer's feature-map and attention transfer at once, `epochs` in total."""
-    return distill(teacher, student, train_dataset, None, output_dir,
-                   layer_map=layer_wise_map(range(1, num_layers(student) + 1)), objectives=objectives,
-                   stage="intermediate", tokenizer=tokenizer, args=dict(args or {}),
-                   num_train_epochs=_epochs(args, epochs), **options)
+    """Joint knowledge transfer: every pair of `spec.layer_map` (default: every layer's) at once, `epochs` in total
+    (None: `run.args["num_train_epochs"]`)."""
+    return distill(teacher, student, spec.with_(layer_map=_transfer_map(spec, student)),
+                   run.with_(args={"num_train_epochs": _epochs(run.args, epochs)}))

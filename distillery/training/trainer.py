@@ -1,0 +1,85 @@
+"""The Trainer tail every loop shares (fine-tuning, MLM, distillation): build the Hugging Face ``Trainer`` from a
+``TrainRun``, train (resuming from the newest complete checkpoint under ``output_dir/checkpoints``), evaluate on dev
+when there is one, and export ``output_dir/model`` with its ``train_log.csv`` (``distillery.training.saving``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from transformers import PreTrainedModel, Trainer, TrainingArguments
+
+from distillery.training.args import train_arguments
+from distillery.training.log import LOG_NAME, quiet_progress, rows_from_state, write_log
+from distillery.training.metrics import trainer_metrics
+from distillery.training.saving import last_checkpoint, save_final
+from distillery.training.spec import TrainRun
+
+
+def run_arguments(run: TrainRun, has_eval: bool, **defaults: Any) -> TrainingArguments:
+    """The run's TrainingArguments: checkpoints under ``run.output_dir/checkpoints``, the loop's ``defaults`` under
+    ``run.args``, best-model selection on the dev main score when ``has_eval``."""
+    return train_arguments(run.output_dir, {**defaults, **run.args}, has_eval)
+
+
+def train_and_export(
+    trainer_cls: type[Trainer],
+    model: torch.nn.Module,
+    run: TrainRun,
+    targs: TrainingArguments,
+    *,
+    data_collator: Callable[[list[dict]], dict],
+    evaluate: bool,
+    export: PreTrainedModel | None = None,
+    extra: Callable[[Path], None] | None = None,
+) -> Path:
+    """Train ``model`` on ``run.train_dataset`` and write ``run.output_dir/model``; return that directory.
+
+    ``evaluate``: give the Trainer ``run.eval_dataset`` (and ``run.compute_metrics`` with ``run.main_score``) and
+    evaluate the final model, whose dev metrics go to ``metrics.json``. ``export``: the model saved (default the
+    Trainer's model; the student for a ``Distiller``). ``extra(dir)`` writes more files into the export.
+    ``run.param_groups``: the only parameters trained, each at its own learning-rate scale (``scaled_adamw``)."""
+    optimizer = scaled_adamw(run.param_groups, targs) if run.param_groups is not None else None
+    metric_fn = run.compute_metrics if evaluate else None
+    trainer = trainer_cls(
+        model=model,
+        args=targs,
+        train_dataset=run.train_dataset,
+        eval_dataset=run.eval_dataset if evaluate else None,
+        data_collator=data_collator,
+        processing_class=run.tokenizer,
+        compute_metrics=trainer_metrics(metric_fn, run.main_score) if metric_fn is not None else None,
+        callbacks=list(run.callbacks),
+        optimizers=(optimizer, None),
+    )
+    quiet_progress(trainer)
+    trainer.train(resume_from_checkpoint=last_checkpoint(run.output_dir) if run.resume else None)
+    metrics = trainer.evaluate() if evaluate else None
+    rows = rows_from_state(trainer.state.log_history)
+
+    def write(d: Path) -> None:
+        write_log(d / LOG_NAME, rows)
+        if extra is not None:
+            extra(d)
+
+    return save_final(run.output_dir, export if export is not None else trainer.model, run.tokenizer,
+                      metrics=metrics, extra=write)
+
+
+def scaled_adamw(param_groups: Sequence[Mapping[str, Any]], args: TrainingArguments) -> torch.optim.AdamW:
+    """AdamW over `[{"params": [...], "lr_scale": s}, ...]`: each group at `s` x `args.learning_rate`, weight decay on
+    matrices only (not on biases and normalisation vectors, like the Trainer's default), the arguments' betas/eps."""
+    groups = []
+    for g in param_groups:
+        params = [p for p in g["params"] if p.requires_grad]
+        lr = args.learning_rate * float(g.get("lr_scale", 1.0))
+        for decay in (True, False):
+            chosen = [p for p in params if (p.dim() >= 2) == decay]
+            if chosen:
+                groups.append({"params": chosen, "lr": lr, "weight_decay": args.weight_decay if decay else 0.0})
+    if not groups:
+        raise ValueError("param_groups: no trainable parameter")
+    return torch.optim.AdamW(groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
+                             eps=args.adam_epsilon)
