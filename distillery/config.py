@@ -6,6 +6,7 @@ message naming the file and the dotted key (e.g. ``params.yaml: task_distillatio
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, Literal
 
@@ -578,17 +579,25 @@ def load_params(path: str | Path = "params.yaml", *, check: bool = True, inputs:
                 root: Path | None = None) -> Params:
     """Read and validate a params file; raise ConfigError naming the file and key on any problem.
     ``check`` also runs :func:`check_params` (reads the teacher's config.json when it is local); ``inputs`` also
-    :func:`check_inputs` (every path the params name exists; relative paths start at ``root``)."""
+    :func:`check_inputs` (every path the params name exists; relative paths start at ``root``).
+    The same bytes are parsed and checked once per process (the result is immutable); the inputs, which may change
+    on disk, are checked at every call."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: params file not found")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    p = parse_params(data, str(path))
-    if check:
-        check_params(p, str(path), root)
+    p = _parsed(str(path), path.read_bytes(), check, None if root is None else str(root))
     if inputs:
         check_inputs(p, str(path), root)
+    return p
+
+
+@functools.lru_cache(maxsize=32)
+def _parsed(path: str, text: bytes, check: bool, root: str | None) -> Params:
+    try:
+        data = yaml.safe_load(text.decode("utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    p = parse_params(data, path)
+    if check:
+        check_params(p, path, None if root is None else Path(root))
     return p

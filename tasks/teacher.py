@@ -73,6 +73,7 @@ def run_pretrain(p: Params, _: str | None) -> dict[str, Any]:
     from distillery import corpus
     from distillery.models import build_student, resolve_shape
     from distillery.training.mlm import train_mlm
+    from distillery.training.spec import TrainRun
 
     out = paths.teacher_mlm()
     if p.teacher.init == "scratch":
@@ -88,8 +89,8 @@ def run_pretrain(p: Params, _: str | None) -> dict[str, Any]:
         tokenizer = AutoTokenizer.from_pretrained(p.teacher.tokenizer and str(resolve(p.teacher.tokenizer)) or source)
         model = source  # AutoModelForMaskedLM: a checkpoint without an MLM head gets a fresh one
     texts = corpus.pack_sequences(corpus.read_sentences(paths.corpus()), tokenizer, p.pretrain.max_length)
-    train_mlm(model, tokenizer, texts, out, max_length=p.pretrain.max_length,
-              mlm_probability=p.pretrain.mlm_probability, args=train_options(p.pretrain, p.seed))
+    train_mlm(model, TrainRun(out, texts, tokenizer=tokenizer, args=train_options(p.pretrain, p.seed)),
+              max_length=p.pretrain.max_length, mlm_probability=p.pretrain.mlm_probability)
     final = finish(out)
     return {"curve": final / "train_log.csv", "metrics": {"sequences": len(texts)}}
 
@@ -115,6 +116,7 @@ def run_finetune_teacher(p: Params, task: str) -> dict[str, Any]:
     from distillery.models import load_teacher
     from distillery.training.finetune import finetune
     from distillery.training.metrics import glue_metrics
+    from distillery.training.spec import TrainRun
 
     spec = glue.get_task(task)
     source = finetune_source(p)
@@ -127,8 +129,8 @@ def run_finetune_teacher(p: Params, task: str) -> dict[str, Any]:
         model.config.id2label, model.config.label2id = spec.id2label, spec.label2id
     compute, main = glue_metrics(task)
     out = paths.teacher(task)
-    finetune(model, data["train"], data["dev"], out, compute_metrics=compute, main_score=main, tokenizer=tokenizer,
-             args=train_options(p.finetune, p.seed))
+    finetune(model, TrainRun(out, data["train"], data["dev"], tokenizer=tokenizer, compute_metrics=compute,
+                             main_score=main, args=train_options(p.finetune, p.seed)))
     final = finish(out)
     return {"curve": final / "train_log.csv", "metrics_file": final / "metrics.json"}
 

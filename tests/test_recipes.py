@@ -230,7 +230,7 @@ def test_distilbert_pretraining_distillation_trains(tok, tmp_path):
     student = recipe.start_student(teacher, tok, head="mlm")
     train = encoded(tok, 256, seed=3).select_columns(["input_ids"])
     weights = masking_weights(token_counts(train["input_ids"], len(tok)), recipe.mask_smoothing, tok.all_special_ids)
-    spec = recipe.layer_wise_spec(2, 4).with_(stage="pretraining")  # the recipe's own 5/2/1 at T = 2
+    spec = recipe.layer_wise_spec(2, 4)  # the recipe's own 5/2/1 at T = 2, last hidden states for L_cos
     assert spec.options.temperature == 2.0 and dict(spec.objectives.weights) == dict(recipe.weights.weights)
     out = distill(teacher, student, spec, TrainRun(
         tmp_path / "pd", train, tokenizer=tok, data_collator=SmoothedMaskingCollator(tok, weights, seed=0),

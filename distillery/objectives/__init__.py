@@ -3,8 +3,11 @@
 Pure tensor functions: lists of tensors over mapped layers (or single tensors) in, scalar out.
 ``attention_mask`` is (B, T) of 1/0. Teacher inputs are detached inside every objective.
 Each paper module also registers its terms (``registry.register``) next to their equations: importing this package
-fills ``TERMS``.
+imports every module in it, which fills ``TERMS`` (a new paper's module needs no line here).
 """
+
+import importlib as _importlib
+import pkgutil as _pkgutil
 
 from .distilbert import cosine_loss, mlm_loss, soft_target_loss
 from .minilm import attention_kl, relation_kl, split_relation_heads, value_relation_kl
@@ -30,6 +33,9 @@ from .registry import (
     unregister,
 )
 from .weights import ObjectiveWeights
+
+for _module in _pkgutil.iter_modules(__path__):  # every paper module registers its loss terms when imported
+    _importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
     "Batch",

@@ -217,6 +217,8 @@ class Recipe(Section):
 
     #: The loss terms of the recipe's layer-wise stage with the paper's weights (0: available, off by default).
     OBJECTIVES: ClassVar[dict[str, float]] = {}
+    #: The training stage of those terms (``distillery.training.spec.Stage``).
+    STAGE: ClassVar[str] = "intermediate"
     #: Whether the student may be deeper than the teacher (MobileBERT: it takes its IB teacher's depth).
     ANY_DEPTH: ClassVar[bool] = False
 
@@ -340,7 +342,7 @@ class Recipe(Section):
         """The ``DistillSpec`` of the layer-wise stage: the recipe's objectives on its layer map."""
         from distillery.training.spec import DistillSpec
 
-        return DistillSpec(self.weights, "intermediate", self.map_layers(n_student, n_teacher), self.loss_options(),
+        return DistillSpec(self.weights, self.STAGE, self.map_layers(n_student, n_teacher), self.loss_options(),
                            projection=projection, teacher_train_mode=self.teacher_train_mode)
 
     def stages(self, teacher: Dims) -> dict[str, StudentStage]:

@@ -49,6 +49,7 @@ class DistilBertRecipe(Recipe):
     task_distillation: bool = False               # after fine-tuning, distil the prediction layer too
 
     OBJECTIVES: ClassVar[dict[str, float]] = {"soft_target_loss": 5.0, "mlm_loss": 2.0, "cosine_loss": 1.0}
+    STAGE: ClassVar[str] = "pretraining"
 
     @property
     def runs_general(self) -> bool:
@@ -105,7 +106,7 @@ class DistilBertRecipe(Recipe):
         weights = masking_weights(token_counts(train["input_ids"], len(tokenizer)), self.mask_smoothing,
                                   tokenizer.all_special_ids)
         collator = SmoothedMaskingCollator(tokenizer, weights, self.mlm_probability, seed=ctx.seed)
-        spec = self.layer_wise_spec(num_layers(model), num_layers(teacher)).with_(stage="pretraining")
+        spec = self.layer_wise_spec(num_layers(model), num_layers(teacher))
         run = TrainRun(ctx.out, train, tokenizer=tokenizer, data_collator=collator, args={**ctx.args, **self.train_options()})
         distill(teacher, model, spec, run)
         return {"metrics": {"sequences": n}}
