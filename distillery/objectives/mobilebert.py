@@ -7,8 +7,6 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor

@@ -39,21 +39,21 @@ from transformers.utils import ModelOutput
 
 from distillery.capture import capture
 from distillery.layer_map import LayerMap, validate_layer_map
-from distillery.models import num_heads, num_layers
+from distillery.models import hidden_size, num_heads, num_layers
 from distillery.objectives import HiddenProjection
 from distillery.objectives.registry import TERMS, Batch, capture_specs
 from distillery.training.args import collator_for
 from distillery.training.distill_state import load_projection_into, save_projection
 from distillery.training.spec import DistillSpec, TrainRun
-from distillery.training.trainer import run_arguments, scaled_adamw, train_and_export
+from distillery.training.trainer import run_arguments, train_and_export
 
 TEACHER_LOGITS = "teacher_logits"
 NSP_LABELS = "next_sentence_label"
 #: Batch keys the Distiller reads; every other dataset column is dropped by the collator.
 BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", NSP_LABELS, TEACHER_LOGITS)
 
-__all__ = ["BATCH_KEYS", "DistillationCollator", "DistillationTrainer", "Distiller", "DistillerOutput", "distill",
-           "make_projection", "scaled_adamw"]
+__all__ = ["BATCH_KEYS", "DistillationCollator", "DistillationTrainer", "Distiller", "DistillerOutput", "check_spec",
+           "distill", "make_projection"]
 
 
 def _forward_keys(model: nn.Module) -> frozenset[str]:
@@ -243,8 +243,6 @@ def make_projection(
     continued from a saved `distill_state.safetensors` (a general-distillation student's directory)."""
     if isinstance(init_from, HiddenProjection):
         return init_from
-    from distillery.models import hidden_size
-
     d_t = hidden_size(teacher) if teacher is not None else None
     proj = HiddenProjection(hidden_size(student), d_t, n_states=max(1, len(layer_map.hidden)), shared=shared)
     if init_from is not None:

@@ -5,6 +5,7 @@
 * :class:`DistillSpec` says *what to distil*: the loss terms and their weights (``objectives``), the layer map,
   the stage, the loss options and the distillation-only parameters. A recipe (``distillery.recipes``) builds one per
   stage; ``distillery.training.distill.distill(teacher, student, spec, run)`` trains it.
+* :class:`Grid` says *which runs to select from* in a task stage (``distillery.training.grid.prediction_grid``).
 """
 
 from __future__ import annotations
