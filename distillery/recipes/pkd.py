@@ -1,0 +1,106 @@
+"""BERT-PKD (Sun et al., EMNLP 2019, "Patient Knowledge Distillation for BERT Model Compression", Sec. 3-4).
+
+    init: the fine-tuned teacher's embeddings and first k layers (BERT_k "initialised from the first k layers")
+    -> task distillation over the lr x batch grid: L = (1 - alpha) L_CE + alpha L_DS(T) + beta L_PT
+       (``distillery.objectives.pkd``), the student learning "patiently" from the [CLS] states of teacher layers
+       I_pt(j), j = 1..k-1 (the last layer is taught by L_DS):
+         PKD-Skip (``strategy: skip``, the paper's better one): I_pt(j) = j * N/k, e.g. {2, 4, 6, 8, 10} for 12 -> 6
+         PKD-Last (``strategy: last``): I_pt(j) = N - k + j, e.g. {7, 8, 9, 10, 11}
+
+Defaults: the middle of the paper's search space (Sec. 4.1: T in {5, 10, 20}, alpha in {0.2, 0.5, 0.7}, beta in
+{10, 100, 500, 1000}): T = 10, alpha = 0.5, beta = 100; ``objectives`` in params replaces the three weights.
+The official code differs in two places, both options: L_PT as a mean over every element (``patient_reduction:
+official``), and L_DS as KL x T^2 (the soft CE here is the paper's; KL differs from it by the teacher's entropy, a
+constant, so only the T^2 scale differs: raise alpha to match).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field
+
+from distillery.models import Dims
+from distillery.recipes.base import Init, Recipe, RecipeError, TaskContext, TeacherLayersInit, task_student
+from distillery.recipes.registry import register
+
+
+@register
+class PKDRecipe(Recipe):
+    """BERT-PKD: first k teacher layers, then soft targets + gold labels + the patient loss on the task."""
+
+    recipe: Literal["pkd"] = "pkd"
+    init: Annotated[Init, Field(default_factory=lambda: TeacherLayersInit(teacher_layers="auto"))]
+    strategy: Literal["skip", "last"] = "skip"
+    alpha: float = Field(0.5, ge=0, le=1)
+    beta: float = Field(100.0, ge=0)
+    temperature: float = Field(10.0, gt=0)
+    patient_reduction: Literal["paper", "official"] = "paper"
+
+    OBJECTIVES: ClassVar[dict[str, float]] = {"hard_label_loss": 0.5, "prediction_loss": 0.5, "patient_loss": 100.0}
+
+    @property
+    def weights(self):
+        """(1 - alpha) L_CE + alpha L_DS + beta L_PT, unless params give ``objectives``."""
+        from distillery.objectives import ObjectiveWeights
+
+        if self.objectives is not None:
+            return ObjectiveWeights(self.objectives)
+        return ObjectiveWeights({"hard_label_loss": 1 - self.alpha, "prediction_loss": self.alpha,
+                                 "patient_loss": self.beta})
+
+    @property
+    def task_distills(self) -> bool:
+        return True
+
+    def options(self) -> dict[str, Any]:
+        return {**super().options(), "strategy": self.strategy, "temperature": self.temperature,
+                "patient_reduction": self.patient_reduction}
+
+    def loss_options(self, **task: Any):
+        from distillery.objectives.registry import LossOptions
+
+        return LossOptions(temperature=self.temperature, extra={"patient_reduction": self.patient_reduction})
+
+    def map_layers(self, n_student: int, n_teacher: int):
+        """Student layer j <- teacher layer I_pt(j) for j = 1..k-1 (1-based outputs of the layers)."""
+        from distillery.layer_map import LayerMap
+
+        step = n_teacher // n_student
+        teacher = [j * step if self.strategy == "skip" else n_teacher - n_student + j for j in range(1, n_student)]
+        return LayerMap(hidden=tuple(zip(range(1, n_student), teacher)))
+
+    def check(self, teacher: Dims, key: str) -> None:
+        super().check(teacher, key)
+        s = self.student_dims(teacher, key)
+        if s.hidden != teacher.hidden:
+            raise RecipeError(f"{key}.shape: patient_loss compares [CLS] states of equal width: the teacher's hidden "
+                              f"size is {teacher.hidden}, the student's {s.hidden}")
+        if s.layers < 2 and "patient_loss" in self.weights.active():
+            raise RecipeError(f"{key}.shape: a 1-layer student has no intermediate layer for patient_loss")
+
+    def start_student(self, teacher, tokenizer, *, head: str = "base", **head_kwargs: Any):
+        """``teacher_layers: auto`` means the first k layers here (the paper), not DistilBERT's spread."""
+        if self.init.kind == "teacher_layers" and self.init.teacher_layers == "auto":
+            first = TeacherLayersInit(teacher_layers=list(range(self.shape.resolve().layers)))
+            return Recipe.start_student(self.model_copy(update={"init": first}), teacher, tokenizer, head=head,
+                                        **head_kwargs)
+        return super().start_student(teacher, tokenizer, head=head, **head_kwargs)
+
+    def task_stage(self, ctx: TaskContext):
+        """Patient distillation over the prediction grid; the teacher runs on every batch (its hidden states)."""
+        from dataclasses import replace
+
+        from distillery.models import num_layers
+        from distillery.training.grid import prediction_grid
+        from distillery.training.spec import DistillSpec
+
+        start = task_student(self, ctx)
+        n_student = self.shape.resolve().layers
+        spec = DistillSpec(self.weights, "prediction", self.map_layers(n_student, num_layers(ctx.teacher)),
+                           self.loss_options(), teacher_train_mode=self.teacher_train_mode)
+        train, dev = ctx.data(False)
+        grid, run = ctx.grid(ctx.sections.prediction)
+        grid = replace(grid, cache_teacher_logits=False)
+        return prediction_grid(ctx.teacher, start, spec, run.with_(output_dir=ctx.out / "grid", train_dataset=train,
+                                                                   eval_dataset=dev), grid), None
