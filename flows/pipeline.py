@@ -45,17 +45,24 @@ from tasks.stage import Stage, is_fresh, stage_key
 PRESETS_DIR = env.ROOT / "params"
 
 
+#: Keys the Prefect cache-key function computed, for the task body that follows it (one key per stage run).
+_KEYS: dict[tuple[str, str | None, int], str] = {}
+
+
 def _prefect_task(stage: Stage):
     def key(_context, parameters: dict[str, Any]) -> str:
-        return stage_key(stage, parameters["params"], parameters["item"])
+        params, item = parameters["params"], parameters["item"]
+        _KEYS[(stage.name, item, id(params))] = k = stage_key(stage, params, item)
+        return k
 
     @task(name=stage.name, cache_key_fn=key, persist_result=True, result_serializer="json")
     def run(params: Params, item: str | None, parent_run_id: str | None, say_cached: bool) -> dict[str, Any]:
-        if stage.device and not is_fresh(stage, params, item):
+        k = _KEYS.pop((stage.name, item, id(params)), None) or stage_key(stage, params, item)
+        if stage.device and not is_fresh(stage, params, item, k):
             slots = device_slots(params.orchestration.device_slots)
-            return slots.run(execute, stage, params, item, parent_run_id, say_cached=say_cached,
+            return slots.run(execute, stage, params, item, parent_run_id, say_cached=say_cached, key=k,
                              exclusive=stage.device == "exclusive")
-        return execute(stage, params, item, parent_run_id, say_cached=say_cached)
+        return execute(stage, params, item, parent_run_id, say_cached=say_cached, key=k)
 
     return run
 

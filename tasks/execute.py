@@ -43,20 +43,22 @@ def say(line: str) -> None:
 
 
 def execute(stage: Stage, params: Params, item: str | None = None, parent_run_id: str | None = None,
-            *, say_cached: bool = True) -> dict[str, Any]:
+            *, say_cached: bool = True, key: str | None = None) -> dict[str, Any]:
     """Run `stage` for `item` inside a (nested) MLflow run, unless it is fresh; return a JSON-able result with
-    output paths (and `"cached": True` when nothing ran)."""
-    if is_fresh(stage, params, item):
+    output paths (and `"cached": True` when nothing ran). The stage's key is computed once here (or given, as the
+    Prefect task computed it for its cache) and used for the freshness check, the resume state and the stamp."""
+    key = key or stage_key(stage, params, item)
+    if is_fresh(stage, params, item, key):
         if say_cached:
             say(f"{label(stage, item)}: cached")
         return {"cached": True, "outs": [str(o) for o in stage.outs(params, item)]}
     name = curve_name(stage, item)
-    resumed = prepare(stage, params, item)
+    resumed = prepare(stage, params, item, key)
     say(f"{label(stage, item)}: started" + (f" (resuming: {', '.join(_rel(p) for p in resumed)})" if resumed else ""))
     started = time.perf_counter()
     with tracking.run(name, params=stage.params(params, item), parent_run_id=parent_run_id,
                       tags={"stage": stage.name, "item": item or ""}):
-        result = run_stage(stage, params, item)
+        result = run_stage(stage, params, item, key)
         if result.get("curve") and Path(result["curve"]).is_file():
             with atomic_path(paths.curves(name)) as tmp:
                 shutil.copyfile(result["curve"], tmp)
@@ -78,11 +80,11 @@ def _started_file(stage: Stage, item: str | None) -> Path:
     return STAMPS / f"{stage.name}@{item or '-'}.started"
 
 
-def prepare(stage: Stage, params: Params, item: str | None) -> list[Path]:
+def prepare(stage: Stage, params: Params, item: str | None, key: str | None = None) -> list[Path]:
     """Clean up after a killed run of this stage: leftover temporary files of atomic writes (`.NAME.*.tmp`,
     `.NAME.old`), and the resume state that another key made; record the key this run starts under. Returns the
     resume state kept (this key's own interrupted work)."""
-    key = stage_key(stage, params, item)
+    key = key or stage_key(stage, params, item)
     started = _started_file(stage, item)
     same_key = started.is_file() and started.read_text().strip() == key
     outs = [Path(o) for o in stage.outs(params, item)]

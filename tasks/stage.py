@@ -144,8 +144,9 @@ def _outputs(stage: Stage, params: Params, item: str | None) -> dict[str, str]:
     return {str(o): fingerprint(o) for o in stage.outs(params, item)}
 
 
-def is_fresh(stage: Stage, params: Params, item: str | None) -> bool:
-    """True when the stamp says this key made the outputs and every output is still as it was written."""
+def is_fresh(stage: Stage, params: Params, item: str | None, key: str | None = None) -> bool:
+    """True when the stamp says this key made the outputs and every output is still as it was written (``key``: the
+    stage's key when the caller has it already)."""
     stamp = _stamp_path(stage, item)
     if not stamp.is_file():
         return False
@@ -153,15 +154,15 @@ def is_fresh(stage: Stage, params: Params, item: str | None) -> bool:
         recorded = json.loads(stamp.read_text())
     except ValueError:  # an old plain-key stamp, or a damaged one: not fresh
         return False
-    if not isinstance(recorded, dict) or recorded.get("key") != stage_key(stage, params, item):
+    if not isinstance(recorded, dict) or recorded.get("key") != (key or stage_key(stage, params, item)):
         return False
     outputs = _outputs(stage, params, item)
     return "missing" not in outputs.values() and recorded.get("outputs") == outputs
 
 
-def run_stage(stage: Stage, params: Params, item: str | None) -> dict[str, Any]:
+def run_stage(stage: Stage, params: Params, item: str | None, key: str | None = None) -> dict[str, Any]:
     """Run a stage body, then stamp its outputs with the key that made them and their fingerprints."""
-    key = stage_key(stage, params, item)
+    key = key or stage_key(stage, params, item)
     _stamp_path(stage, item).unlink(missing_ok=True)  # a killed run must not leave an old stamp that looks valid
     if stage.device:
         from transformers import set_seed
