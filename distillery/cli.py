@@ -9,7 +9,7 @@ import argparse
 import importlib
 import sys
 
-from distillery.errors import debug_requested, run_main
+from distillery.errors import ArgumentParser, debug_requested, run_main
 
 # module path -> each exposes `register(subparsers)` adding parsers whose `func(args) -> int` runs them.
 COMMAND_MODULES = [
@@ -20,7 +20,7 @@ COMMAND_MODULES = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="distillery", description=__doc__)
+    parser = ArgumentParser(prog="distillery", description=__doc__)  # a bad option: one `error:` line, exit code 2
     parser.add_argument("--debug", action="store_true", help="show the traceback of a user error")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:

@@ -465,7 +465,9 @@ def _check_students(p: Params, teacher: Dims | None, path: str, root: Path) -> N
             from distillery.models import _looks_local
 
             if _looks_local(recipe.init.checkpoint) and not (ckpt / "config.json").is_file():
-                raise ConfigError(f"{path}: {key}.init.checkpoint: {ckpt} is not a model directory (no config.json)")
+                problem = ("is not a model directory (no config.json)" if ckpt.exists() else "not found; give an "
+                           "existing directory (relative paths start at the project root) or a Hub model id")
+                raise ConfigError(f"{path}: {key}.init.checkpoint: {ckpt} {problem}")
         if recipe.needs_mlm_teacher and mlm_teacher is False:
             raise ConfigError(f"{path}: {key}: pre-training distillation needs a teacher with an MLM head: set "
                               "pretrain.enabled, or a teacher checkpoint saved with one")

@@ -12,6 +12,7 @@ CheckpointMismatchError, TeacherGateError, ExportError, ...
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from typing import Callable
@@ -59,3 +60,32 @@ def run_main(main: Callable[[], int], *, debug: bool = False) -> int:
         if debug:
             raise
         return report(exc)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with the project's error line: a bad, missing or unknown option prints one line,
+    ``error: <prog>: <what argparse says> (see <prog> --help)``, and exits with code 2 (argparse prints the usage
+    block first). Sub-command parsers made with `add_subparsers` are of this class too."""
+
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        self.exit(EXIT_USER_ERROR, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse `type`: an integer >= `minimum`; argparse names the option in its error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"int>={minimum}"  # what argparse calls the type in its messages
+    return parse
+
+
+positive_int = int_at_least(1)
+non_negative_int = int_at_least(0)

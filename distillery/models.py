@@ -42,6 +42,8 @@ import transformers
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
+from distillery.errors import UserError
+
 __all__ = [
     "StudentShape",
     "PRESETS",
@@ -53,6 +55,8 @@ __all__ = [
     "init_from_teacher_layers",
     "inter_block_attention_inputs",
     "load_model",
+    "check_weights",
+    "ModelFilesError",
     "num_layers",
     "num_heads",
     "hidden_size",
@@ -179,7 +183,8 @@ def resolve_shape(name_or_dict: str | Mapping[str, Any] | StudentShape) -> Stude
     if isinstance(name_or_dict, str):
         key = name_or_dict.strip().lower()
         if key not in PRESETS:
-            raise ModelConfigError(f"unknown student preset {name_or_dict!r}; known: {', '.join(sorted(PRESETS))}")
+            # shared by student and teacher shapes: the params key in front of the message says whose
+            raise ModelConfigError(f"unknown shape preset {name_or_dict!r}; known: {', '.join(sorted(PRESETS))}")
         preset = PRESETS[key]
         return preset() if callable(preset) else preset
     if isinstance(name_or_dict, Mapping):
@@ -318,6 +323,44 @@ def inter_block_attention_inputs(model: PreTrainedModel) -> PreTrainedModel:
             nn.init.normal_(lin.weight, std=cfg.initializer_range)
             nn.init.zeros_(lin.bias)
     return model
+
+
+class ModelFilesError(UserError, ValueError):
+    """A saved model directory whose weights are missing or cannot be read (truncated, not safetensors)."""
+
+
+def check_weights(path: str | os.PathLike) -> list[Path]:
+    """The safetensors files of a `save_pretrained` directory, each checked before anything loads it: one of the
+    weight files transformers looks for must be there (model.safetensors, its sharded index, pytorch_model.bin or its
+    index), and every safetensors file must be whole (safetensors' own reader opens it: header and data extent,
+    nothing loaded). Raises ModelFilesError naming the directory or file otherwise."""
+    import json
+
+    from safetensors import SafetensorError, safe_open
+    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+
+    path = Path(path)
+    names = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
+    found = next((path / n for n in names if (path / n).is_file()), None)
+    if found is None:
+        raise ModelFilesError(f"{path}: no model weights (none of {', '.join(names)}); give a directory written by "
+                              "save_pretrained, with its weights")
+    files = [found] if found.name == SAFE_WEIGHTS_NAME else []
+    if found.name == SAFE_WEIGHTS_INDEX_NAME:
+        try:
+            files = [path / f for f in sorted(set(json.loads(found.read_text(encoding="utf-8"))["weight_map"].values()))]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ModelFilesError(f"{found}: not a readable shard index ({exc})") from None
+    for f in files:
+        if not f.is_file():
+            raise ModelFilesError(f"{f}: not found, but {found.name} lists it; copy or save the model again")
+        try:
+            with safe_open(str(f), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as exc:
+            raise ModelFilesError(f"{f}: cannot be read ({exc}); the file is truncated or damaged: copy or save the "
+                                  "model again") from None
+    return files
 
 
 def load_model(path: str | os.PathLike, *, head: str = "base") -> PreTrainedModel:

@@ -114,6 +114,24 @@ def test_debug_shows_the_traceback_and_the_command_prints_none(tmp_path):
     assert debug.returncode != 0 and "Traceback" in debug.stderr and "GlueFileError" in debug.stderr
 
 
+@pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["table", "json"])
+def test_glue_stats_refuses_a_split_path_that_is_a_directory(tmp_path, capsys, json_flag):
+    glue = sst2_dir(tmp_path, b"sentence\tlabel\ngood\t1\n")
+    (glue / "SST-2" / "dev.tsv").write_bytes((glue / "SST-2" / "train.tsv").read_bytes())
+    (glue / "SST-2" / "train.tsv").unlink()
+    (glue / "SST-2" / "train.tsv").mkdir()
+    rc, err = run_cli(["glue", "stats", "--data-dir", str(glue), *json_flag], capsys)
+    assert_one_error(rc, err, f"{glue / 'SST-2' / 'train.tsv'}: the train split of sst2 is a directory")
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["table", "json"])
+def test_glue_stats_on_a_directory_without_tasks_is_an_error(tmp_path, capsys, json_flag):
+    (tmp_path / "notes.txt").write_text("not GLUE\n")
+    rc, err = run_cli(["glue", "stats", "--data-dir", str(tmp_path), *json_flag], capsys)
+    assert_one_error(rc, err, f"glue stats: no GLUE task found in {tmp_path}")
+    assert capsys.readouterr().out == ""
+
+
 # ------------------------------------------------------------------------------------------------ augmentation
 
 @pytest.fixture(scope="module")
@@ -172,6 +190,53 @@ def test_tokenizer_larger_than_the_vocabulary_is_refused(models, tmp_path, capsy
     assert list(tmp_path.iterdir()) == []
 
 
+def damaged_copy(src: Path, dst: Path, damage: str) -> Path:
+    """A copy of a saved model whose weights are truncated inside the header, truncated inside the data, or gone."""
+    shutil.copytree(src, dst)
+    weights = dst / "model.safetensors"
+    data = weights.read_bytes()
+    if damage == "no-weights":
+        weights.unlink()
+    else:
+        weights.write_bytes(data[:20] if damage == "header" else data[:-100])
+    return dst
+
+
+DAMAGE = {"header": "model.safetensors: cannot be read (Error while deserializing header",
+          "data": "model.safetensors: cannot be read (Error while deserializing header: incomplete metadata",
+          "no-weights": ": no model weights (none of model.safetensors"}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+@pytest.mark.parametrize("command", ["augment", "export", "speed"])
+def test_missing_or_truncated_weights_are_one_line(models, tmp_path, capsys, command, damage):
+    model = damaged_copy(models["mlm"], tmp_path / "model", damage)
+    src = tmp_path / "train.tsv"
+    src.write_text("sentence\tlabel\nthe movie was good\t1\n", encoding="utf-8")
+    out = tmp_path / "out"
+    argv = {"augment": augment_argv({**models, "damaged": model}, src, out, mlm="damaged"),
+            "export": ["export", str(model), str(out), "--no-int8"],
+            "speed": ["speed", str(models["mlm"]), str(model), "--seq", "8", "--reps", "1", "--warmup", "0",
+                      "--device", "cpu", "--json", str(out)]}[command]
+    rc, err = run_cli(argv, capsys)
+    assert_one_error(rc, err, f"{model}", DAMAGE[damage])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "train.tsv"]  # nothing written
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["speed", "m", "--batch", "0"], "argument --batch: must be >= 1, got 0"),
+    (["speed", "m", "--seq", "-3"], "argument --seq: must be >= 1, got -3"),
+    (["speed", "m", "--reps", "x"], "argument --reps: 'x' is not an integer"),
+    (["augment", "--task", "sst2", "--input", "a", "--mlm", "m", "--glove", "g", "--output", "o", "--k", "0"],
+     "argument --k: must be >= 1, got 0"),
+])
+def test_impossible_numbers_are_refused_at_argument_parsing(argv, needle, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli(argv)
+    err = error_lines(capsys.readouterr().err)
+    assert exit_.value.code == 2 and len(err) == 1 and err[0].startswith(f"error: distillery {argv[0]}: {needle}"), err
+
+
 # ------------------------------------------------------------------------------------------------ params
 
 def demo_params() -> dict:
@@ -206,6 +271,11 @@ CASES = {
                          "evaluation.latency_batch_sizes: give at least one batch size"),
     "mlm-teacher-without-pretrain": (lambda d, t: (d["pretrain"].update(enabled=False), d["students"].pop("distilbert-demo")),
                                      "augment.mlm: 'teacher' is the pre-training stage's MLM"),
+    "unknown-teacher-preset": (lambda d, t: d["teacher"].update(shape={"preset": "nope"}),
+                               "teacher.shape: unknown shape preset 'nope'"),
+    "missing-relative-checkpoint": (lambda d, t: _student(d, init={"checkpoint": "models/zz-no-such/general"}),
+                                    f"students.tinybert-demo.init.checkpoint: {ROOT / 'models/zz-no-such/general'} "
+                                    "not found"),
 }
 
 
@@ -280,6 +350,22 @@ def test_a_stage_error_inside_the_prefect_flow_ends_with_its_one_line(tmp_path):
         assert lines[-1] == expected  # the last thing the user sees
         assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
         assert not (project / "data" / "tasks" / "sst2").exists()
+
+
+@pytest.mark.parametrize("cron", ["not a cron", "61 * * * *", ""])
+def test_deploy_refuses_a_bad_cron_before_anything_starts(cron, capsys, monkeypatch):
+    import flows.deploy as deploy
+
+    def started(*_a, **_k):
+        raise AssertionError("the deployment went on although the cron expression is wrong")
+
+    monkeypatch.setattr(deploy, "load_params", started)
+    monkeypatch.setattr(deploy.pipeline, "serve", started)
+    with pytest.raises(SystemExit) as exit_:
+        deploy.main(["--cron", cron])
+    err = error_lines(capsys.readouterr().err)
+    assert exit_.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: python -m flows.deploy: argument --cron: {cron!r} is not a valid cron expression")
 
 
 @pytest.mark.parametrize("module", ["flows.ablation", "flows.deploy"])

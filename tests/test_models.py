@@ -60,7 +60,7 @@ def test_presets_expressible_as_numbers():
 @pytest.mark.parametrize(
     "spec, needle",
     [
-        ("tinybert5", "unknown student preset"),
+        ("tinybert5", "unknown shape preset"),
         ({"layers": 4, "hidden": 312, "heads": 12}, "missing key"),
         ({"layers": 4, "hidden": 312, "heads": 12, "intermediate": 1200, "depth": 3}, "unknown key"),
         ({"layers": 4, "hidden": 310, "heads": 12, "intermediate": 1200}, "not divisible by 12 heads"),

@@ -89,7 +89,7 @@ BAD = [
      "equal head counts"),
     ({"shape": {"layers": 2, "hidden": 30, "heads": 4, "intermediate": 64}}, "students.tinybert-demo.shape",
      "divisible"),
-    ({"shape": {"preset": "tinybert9"}}, "students.tinybert-demo.shape", "unknown student preset"),
+    ({"shape": {"preset": "tinybert9"}}, "students.tinybert-demo.shape", "unknown shape preset"),
 ]
 
 

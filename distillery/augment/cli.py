@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from distillery.errors import InputNotFoundError, OutputExistsError, UserError
+from distillery.errors import (InputNotFoundError, OutputExistsError, UserError, int_at_least, non_negative_int,
+                               positive_int)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -66,16 +67,16 @@ def register(subparsers) -> None:
     p.add_argument("--mlm", required=True, help="masked-LM directory (save_pretrained layout, with tokenizer)")
     p.add_argument("--glove", required=True, help="GloVe / word2vec text file")
     p.add_argument("--output", required=True, help="augmented TSV to write")
-    p.add_argument("--n-aug", type=int, default=None, help="tries per sentence N_a (default: the task's official value)")
-    p.add_argument("--k", type=int, default=15, help="candidates per word K")
+    p.add_argument("--n-aug", type=non_negative_int, default=None, help="tries per sentence N_a (default: the task's official value)")
+    p.add_argument("--k", type=positive_int, default=15, help="candidates per word K")
     p.add_argument("--p-t", type=float, default=0.4, help="replacement probability p_t")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--fast", action="store_true", help="approximate fast mode: one MLM forward per sentence")
-    p.add_argument("--max-words", type=int, default=100_000, help="GloVe words kept (first N of the file)")
+    p.add_argument("--max-words", type=positive_int, default=100_000, help="GloVe words kept (first N of the file)")
     p.add_argument("--cache-dir", default=None, help="where the binary GloVe cache goes (default: beside the file)")
-    p.add_argument("--batch-size", type=int, default=32, help="masked copies per MLM forward")
-    p.add_argument("--max-seq-length", type=int, default=512)
-    p.add_argument("--max-examples", type=int, default=None, help="augment only the first N examples")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="masked copies per MLM forward")
+    p.add_argument("--max-seq-length", type=int_at_least(4), default=512)
+    p.add_argument("--max-examples", type=positive_int, default=None, help="augment only the first N examples")
     p.add_argument("--drop-original", action="store_true", help="never propose the masked word itself")
     p.add_argument("--drop-punctuation", action="store_true", help="never propose punctuation or special tokens")
     p.add_argument("--drop-subwords", action="store_true", help="rank whole words only (K whole-word candidates)")

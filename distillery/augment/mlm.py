@@ -41,6 +41,10 @@ def load_mlm_checked(name_or_path: str | os.PathLike, **kwargs):
     from transformers import AutoModelForMaskedLM
     from transformers.utils import logging as hf_logging
 
+    from distillery.models import check_weights
+
+    if Path(name_or_path).is_dir():  # a local directory: its weights checked before transformers reads them
+        check_weights(name_or_path)
     level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # its load report and progress bar would come before our one line
     hf_logging.disable_progress_bar()

@@ -12,7 +12,7 @@ import json
 import shutil
 from pathlib import Path
 
-from distillery.errors import InputNotFoundError, OutputExistsError
+from distillery.errors import InputNotFoundError, OutputExistsError, non_negative_int, positive_int
 from distillery.io import atomic_dir, write_json
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json", "config.json")
@@ -62,6 +62,7 @@ def export_dir(model_dir: str | Path, out_dir: str | Path, *, opset: int = 17, i
     (model.opt.onnx) and the int8 model is quantised from it.
     """
     from distillery.efficiency.export import (
+        check_saved_model,
         check_tokenizer_fits,
         export_onnx,
         load_model_for_export,
@@ -75,6 +76,7 @@ def export_dir(model_dir: str | Path, out_dir: str | Path, *, opset: int = 17, i
     if not model_dir.is_dir():
         raise InputNotFoundError(f"export: MODEL_DIR {model_dir} not found")
     check_export_target(model_dir, out_dir)
+    check_saved_model(model_dir)
     check_tokenizer_fits(model_dir)
     model = load_model_for_export(model_dir)
     info: dict = {"source": str(model_dir), "parameters": parameter_counts(model)}
@@ -109,7 +111,7 @@ def export_dir(model_dir: str | Path, out_dir: str | Path, *, opset: int = 17, i
 def _speed(args: argparse.Namespace) -> int:
     import torch
 
-    from distillery.efficiency.export import OnnxModel, check_tokenizer_fits, load_model_for_export
+    from distillery.efficiency.export import OnnxModel, check_saved_model, check_tokenizer_fits, load_model_for_export
     from distillery.efficiency.latency import latency_table, measure_latency
 
     if args.json:
@@ -121,7 +123,8 @@ def _speed(args: argparse.Namespace) -> int:
         path = Path(spec)
         if not path.exists():
             raise InputNotFoundError(f"speed: {spec} not found (a save_pretrained directory or an .onnx file)")
-        if path.suffix != ".onnx":
+        if path.suffix != ".onnx":  # every model checked before the first one loads
+            check_saved_model(path)
             check_tokenizer_fits(path)
     for spec in args.models:
         path = Path(spec)
@@ -163,13 +166,13 @@ def _export(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     sp = subparsers.add_parser("speed", help="latency/throughput of saved models (or .onnx files), interleaved")
     sp.add_argument("models", nargs="+", help="save_pretrained directories or .onnx files; the first is the reference")
-    sp.add_argument("--batch", type=int, default=1)
-    sp.add_argument("--seq", type=int, default=128)
-    sp.add_argument("--reps", type=int, default=20)
-    sp.add_argument("--warmup", type=int, default=3)
+    sp.add_argument("--batch", type=positive_int, default=1)
+    sp.add_argument("--seq", type=positive_int, default=128)
+    sp.add_argument("--reps", type=positive_int, default=20)
+    sp.add_argument("--warmup", type=non_negative_int, default=3)
     sp.add_argument("--reference", default=None, help="model name (directory name) the speedups are relative to")
     sp.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    sp.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's)")
+    sp.add_argument("--threads", type=non_negative_int, default=0, help="CPU threads (default: torch's)")
     sp.add_argument("--json", default=None, help="also write the results to this JSON file")
     sp.set_defaults(func=_speed)
 

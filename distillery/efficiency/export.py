@@ -54,6 +54,19 @@ class ExportResult:
         return asdict(self)
 
 
+def check_saved_model(model_dir: str | os.PathLike) -> Path:
+    """A `save_pretrained` directory that can be loaded: config.json and whole weights
+    (`distillery.models.check_weights`), checked before anything is loaded or written; returns config.json."""
+    from distillery.models import check_weights
+
+    model_dir = Path(model_dir)
+    cfg_path = model_dir / "config.json"
+    if not cfg_path.is_file():
+        raise InputNotFoundError(f"{model_dir}: not a saved model directory (no config.json)")
+    check_weights(model_dir)
+    return cfg_path
+
+
 def load_model_for_export(model_dir: str | os.PathLike) -> nn.Module:
     """Load a `save_pretrained` directory with the class its config.json names (no remote code).
 
@@ -63,9 +76,7 @@ def load_model_for_export(model_dir: str | os.PathLike) -> nn.Module:
     import transformers
 
     model_dir = Path(model_dir)
-    cfg_path = model_dir / "config.json"
-    if not cfg_path.is_file():
-        raise InputNotFoundError(f"{model_dir}: not a saved model directory (no config.json)")
+    cfg_path = check_saved_model(model_dir)
     try:
         archs = json.loads(cfg_path.read_text(encoding="utf-8")).get("architectures") or []
     except json.JSONDecodeError as exc:

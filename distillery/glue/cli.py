@@ -5,17 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 
+from distillery.errors import InputNotFoundError
 from distillery.glue.stats import glue_stats
 
 
 def _stats(args: argparse.Namespace) -> int:
     stats = glue_stats(args.data_dir)
+    if not stats:
+        raise InputNotFoundError(f"glue stats: no GLUE task found in {args.data_dir} (the GLUE download layout: "
+                                 "<dir>/SST-2/train.tsv, <dir>/CoLA/dev.tsv, ...)")
     if args.json:
         print(json.dumps(stats, indent=2))
         return 0
-    if not stats:
-        print(f"no GLUE task found in {args.data_dir}")
-        return 1
     print(f"{'task':<10} {'split':<13} {'rows':>8}  labels")
     for task, splits in stats.items():
         for split, s in splits.items():

@@ -202,9 +202,16 @@ def task_dir(task: str | TaskSpec, data_dir: str | os.PathLike) -> Path:
 
 
 def available_splits(task: str | TaskSpec, data_dir: str | os.PathLike) -> list[str]:
-    """The splits of `task` whose files exist under `data_dir`."""
+    """The splits of `task` whose files exist under `data_dir`. A split's path that exists but is not a file (a
+    directory, a broken link) raises GlueFileError naming it: skipping it would silently drop the split."""
     spec = get_task(task)
     d = task_dir(spec, data_dir)
+    for split, name in spec.files.items():
+        path = d / name
+        if (path.exists() or path.is_symlink()) and not path.is_file():
+            kind = "a directory" if path.is_dir() else "a broken link" if not path.exists() else "not a regular file"
+            raise GlueFileError(f"{path}: the {split} split of {spec.name} is {kind}, not a file; put the TSV file "
+                                "there or remove it")
     return [s for s, f in spec.files.items() if (d / f).is_file()]
 
 
