@@ -133,9 +133,12 @@ class FinetuneSection(TrainSection):
     # A pretrained teacher is fine-tuned from its own checkpoint; the pre-training stage's continued-MLM copy
     # (made for augmentation) becomes the teacher only when this says so. A scratch teacher has no other.
     from_continued_mlm: bool = False
-    # The teacher gate: distillation stops before it starts when the fine-tuned teacher's main dev score
-    # does not beat the task's trivial baseline (majority class / constant prediction) by this much.
+    # The teacher gate: a task whose fine-tuned teacher's main dev score does not beat the task's trivial baseline
+    # (majority class / constant prediction) by this much is not distilled (its augmentation, task distillation and
+    # registration are skipped; its submission files hold the trivial baseline's predictions); the other tasks are.
     min_gain_over_trivial: float = Field(0.05, ge=0)
+    # A failed gate ends the run (after every other task is done) with exit code 2 and one `error:` line per task.
+    stop_on_failed_gate: bool = False
 
 
 class WordVectorsSection(Section):

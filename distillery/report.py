@@ -112,7 +112,9 @@ def build_rows(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], *, latenc
     t_row = models.get(teacher) if teacher else None
     for row in models.values():
         scores = row["scores"]
-        row["avg"] = sum(scores.values()) / len(scores) if scores else None
+        # over every task, as in the papers' tables: a model not scored on one (a task whose teacher failed the gate
+        # has no student) gets none rather than an average over fewer tasks beside the others'
+        row["avg"] = sum(scores.values()) / len(scores) if scores and len(scores) == len(tasks) else None
         row["speedup"] = None
         if t_row and t_row.get("latency_ms") and row.get("latency_ms"):
             row["speedup"] = t_row["latency_ms"] / row["latency_ms"]
@@ -167,21 +169,27 @@ def _intro(rows: list[dict[str, Any]]) -> str:
     return text
 
 
-def render_markdown(tasks: list[str], rows: list[dict[str, Any]], notes: list[str] = ()) -> str:
+def render_markdown(tasks: list[str], rows: list[dict[str, Any]], notes: list[str] = (),
+                    lines: list[str] = ()) -> str:
+    """The table under its introduction (with `notes`), then `lines` as a list, one item each."""
     head = _header(tasks)
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
-    lines += ["| " + " | ".join(_cells(tasks, r)) + " |" for r in rows]
-    return " ".join([_intro(rows), *notes]) + "\n\n" + "\n".join(lines) + "\n"
+    table = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    table += ["| " + " | ".join(_cells(tasks, r)) + " |" for r in rows]
+    items = "".join(f"- {line}\n" for line in lines)
+    return " ".join([_intro(rows), *notes]) + "\n\n" + (items + "\n" if items else "") + "\n".join(table) + "\n"
 
 
-def render_html(tasks: list[str], rows: list[dict[str, Any]], images: list[str], notes: list[str] = ()) -> str:
+def render_html(tasks: list[str], rows: list[dict[str, Any]], images: list[str], notes: list[str] = (),
+                lines: list[str] = ()) -> str:
     th = "".join(f"<th>{html.escape(h)}</th>" for h in _header(tasks))
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(tasks, r)) + "</tr>\n" for r in rows)
     imgs = "".join(f'<figure><img src="{html.escape(i)}" alt="{html.escape(i)}" width="560"></figure>\n' for i in images)
+    items = "".join(f"<li>{html.escape(line)}</li>\n" for line in lines)
     return ("<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>distillery report</title>\n"
             "<style>table{border-collapse:collapse;font-family:sans-serif}td,th{border:1px solid #999;"
             "padding:4px 8px;text-align:right}td:first-child,th:first-child{text-align:left}</style></head><body>\n"
             f"<h1>Students vs teacher</h1>\n<p>{html.escape(' '.join([_intro(rows), *notes]))}</p>\n"
+            + (f"<ul>\n{items}</ul>\n" if items else "") +
             f"<table><thead><tr>{th}</tr></thead><tbody>\n{body}</tbody></table>\n{imgs}</body></html>\n")
 
 
@@ -240,13 +248,14 @@ def _scatter(rows: list[dict[str, Any]], key: str, xlabel: str, scale: float, pa
 
 def write_report(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], out_dir: str | os.PathLike, *,
                  latency: Mapping[str, Any] | None = None, loss_curves: Mapping[str, str | os.PathLike] | None = None,
-                 teacher: str | None = None, notes: list[str] = ()) -> list[Path]:
+                 teacher: str | None = None, notes: list[str] = (), lines: list[str] = ()) -> list[Path]:
     """Write table.md, table.html and the PNG plots under `out_dir`; return the written paths.
 
     summary: {task: {model: {"params": int, "<metric>": value, ..., "retention": x (students),
     optional "flops", "latency_ms"}}}. latency: {model: ms | {"median_ms": ms} | LatencyResult}
     (overrides latency_ms). loss_curves: {name: CSV with step,loss columns}. Plots without data are
-    skipped (score vs latency needs latencies). notes: sentences appended to the table's introduction.
+    skipped (score vs latency needs latencies). notes: sentences appended to the table's introduction; lines: one
+    list item each between the introduction and the table (e.g. a task whose teacher failed the gate).
     """
     import matplotlib
 
@@ -279,6 +288,6 @@ def write_report(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], out_dir
         finally:
             plt.close(fig)
         images.append("loss_curves.png")
-    written.insert(0, write_text(out / "table.md", render_markdown(tasks, rows, notes)))
-    written.insert(1, write_text(out / "table.html", render_html(tasks, rows, images, notes)))
+    written.insert(0, write_text(out / "table.md", render_markdown(tasks, rows, notes, lines)))
+    written.insert(1, write_text(out / "table.html", render_html(tasks, rows, images, notes, lines)))
     return written

@@ -69,9 +69,6 @@ def _prefect_task(stage: Stage):
 
 PREFECT_TASKS = {name: _prefect_task(stage) for name, stage in STAGES.items()}
 
-#: The first stage that distils: the teacher gate (every teacher beat its trivial baseline) is checked before it.
-FIRST_DISTILLATION = "teacher_assistant"
-
 
 class DeviceSlots:
     """At most `n` device stages at once in this process, each on one of `n` device threads; an exclusive one
@@ -128,30 +125,19 @@ def task_runner(p: Params):
     return ThreadPoolTaskRunner(max_workers=o.max_workers)
 
 
-def submit_stages(runner, p: Params, parent_run_id: str) -> tuple[dict, list[str]]:
+def submit_stages(runner, p: Params, parent_run_id: str) -> dict[Node, Any]:
     """Submit every (stage, item) once the stages whose outputs it reads are submitted, waiting for them
     (`wait_for`: the DAG Prefect shows). A stage whose producers were all fresh when it was submitted is checked now:
     fresh, it is a Prefect cache hit (`Cached`), or runs no body when Prefect's result store misses (after `dvc
     repro`); otherwise its body decides when its inputs exist (runs, or says `cached` when they came out the same).
-    Before the first distillation stage, the fine-tuned teachers must pass the gate. Returns the futures and the gate's
-    messages (empty when every teacher passed)."""
-    from prefect.futures import wait
-
+    The teacher gate is the bodies' too: a stage that distils from a task's teacher, or serves that (augmentation,
+    registration), is skipped for a task whose teacher failed it (tasks.stage.SkipStage), as under `dvc repro`.
+    Returns the futures."""
     graph = upstream(p)
     futures: dict[Node, Any] = {}
     fresh: set[Node] = set()
-    order = list(STAGES)
-    gated = False
     for node, producers in graph.items():
         name, item = node
-        if not gated and order.index(name) >= order.index(FIRST_DISTILLATION):
-            teachers = [f for (n, _), f in futures.items() if n == "finetune_teacher"]
-            wait(teachers)
-            if any(not f.state.is_completed() for f in teachers):
-                return futures, []  # the failure is reported from its future
-            if failed := _failed_teachers(p):
-                return futures, failed
-            gated = True
         stage = STAGES[name]
         prefect_task = PREFECT_TASKS[name].with_options(task_run_name=label(stage, item))  # as on the console
         if all(u in fresh for u in producers) and is_fresh(stage, p, item):
@@ -164,14 +150,16 @@ def submit_stages(runner, p: Params, parent_run_id: str) -> tuple[dict, list[str
         futures[node] = runner.submit(prefect_task, {"params": p, "item": item, "parent_run_id": parent_run_id,
                                                      "say_cached": say_cached},
                                       wait_for=[futures[u] for u in producers])
-    return futures, []
+    return futures
 
 
 @flow(name="distillery-pipeline")
 def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
-    """Run every stage as a DAG (see `submit_stages`). A user error (bad params, input file, model; a teacher that
-    failed the gate) stops the run: its one-line message is printed last (``error: ...``) and returned in the
-    result's "stopped"; stages that do not depend on the failed one still finish."""
+    """Run every stage as a DAG (see `submit_stages`). A user error (bad params, input file, model) stops the run: its
+    one-line message is printed last (``error: ...``) and returned in the result's "stopped"; stages that do not
+    depend on the failed one still finish. A task whose teacher failed the gate is not distilled, the others are; the
+    run ends with one line per such task (``teacher gate: ...``), or, with `finetune.stop_on_failed_gate`, with them
+    as ``error:`` lines and the result's "stopped" (exit code 2)."""
     try:
         p = load_params(params_file, inputs=True, root=env.ROOT)
     except UserError as exc:
@@ -184,7 +172,7 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
         from prefect.futures import wait
 
         with task_runner(p) as runner:
-            futures, failed_teachers = submit_stages(runner, p, parent.info.run_id)
+            futures = submit_stages(runner, p, parent.info.run_id)
             wait(list(futures.values()))
         done: list[Node] = []
         timings: dict[str, float] = {}
@@ -203,9 +191,15 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
                 return _stopped([str(error)], timings)
             if isinstance(error, BaseException):
                 raise error
+        from tasks.teacher import failed_gates
+
+        failed_teachers = failed_gates(p)  # the tasks not distilled: their gated stages said `skipped`
+        stop = bool(failed_teachers) and p.finetune.stop_on_failed_gate
         if failed_teachers:
-            mlflow.set_tag("stopped", "teacher gate")
-            return _stopped(failed_teachers, timings)
+            mlflow.set_tag("teacher_gate_failed", "\n".join(failed_teachers)[:5000])
+        if stop:
+            mlflow.set_tag("stopped", "teacher gate (finetune.stop_on_failed_gate)")
+            done = [node for node in done if node[0] != "report"]  # `dvc repro` ends the same way: its report stage
         mlflow.log_metrics({f"seconds.{k.replace('[', '.').replace(']', '').replace(':', '.')}": v
                             for k, v in timings.items()})
         mlflow.log_artifact(str(paths.summary()))
@@ -215,7 +209,12 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
     if (problem := dvc_lock.record(params_file, done)) is not None:  # one cache truth: `dvc repro` reruns nothing
         say(problem)
     total = round(time.perf_counter() - started, 1)
+    if not stop:
+        for message in failed_teachers:
+            say(f"teacher gate: {message}")
     print(f"pipeline finished in {total} s; summary: {paths.summary()}")
+    if stop:
+        return {**_stopped(failed_teachers, timings), "seconds": total, "summary": str(paths.summary())}
     return {"seconds": total, "stages": timings, "summary": str(paths.summary())}
 
 
@@ -224,18 +223,6 @@ def _stopped(messages: list[str], timings: dict[str, float]) -> dict[str, Any]:
         report(UserError(message))  # `error: <message>` on stderr, after Prefect's one-line log of a failed task
     return {"stopped": messages, "stages": timings}
 
-
-def _failed_teachers(p: Params) -> list[str]:
-    """The teacher gate, before any distillation: one message per task whose teacher learned nothing."""
-    from tasks.teacher import TeacherGateError, teacher_gate
-
-    failed = []
-    for task in p.data.tasks:
-        try:
-            teacher_gate(p, task)
-        except TeacherGateError as exc:
-            failed.append(str(exc))
-    return failed
 
 
 def _publish(p: Params) -> None:

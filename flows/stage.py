@@ -37,6 +37,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.item not in valid:
             raise UserError(f"{args.stage}: item {args.item!r} is not one of {valid} under {args.params}")
         execute(STAGES[args.stage], p, args.item)
+        if args.stage == "report" and p.finetune.stop_on_failed_gate:
+            from tasks.teacher import failed_gates
+
+            if failed := failed_gates(p):  # the run ends as the flow's does: one `error:` line per task, exit 2
+                raise UserError("\n".join(failed))
         return 0
 
     return run_main(run, debug=args.debug or debug_requested([]))

@@ -9,18 +9,24 @@ from typing import Any
 
 from tasks import paths
 from tasks.data import extra_split
-from tasks.stage import Stage
-from tasks.teacher import beats_trivial, load_task, trivial_baseline
+from tasks.stage import Stage, skipped, write_skipped
+from tasks.teacher import gate_failure, load_task, trivial_baseline
 
 from distillery.config import Params
 from distillery.io import write_json
 
 
 def evaluated_models(p: Params, task: str) -> dict[str, Path]:
-    """name -> model dir: the fine-tuned teacher and every student distilled for this task."""
+    """name -> model dir: the fine-tuned teacher and every student distilled for this task (the stage's inputs: a
+    student skipped for a teacher that failed the gate is a skip record, see `present`)."""
     models = {"teacher": paths.teacher(task) / "model"}
     models.update({name: paths.student(name, task) / "model" for name in p.students})
     return models
+
+
+def present(models: dict[str, Path]) -> dict[str, Path]:
+    """The models that were trained: skip records (tasks.stage.write_skipped) left out."""
+    return {name: d for name, d in models.items() if skipped(d) is None}
 
 
 def baselines(p: Params, task: str) -> dict[str, Path]:
@@ -40,8 +46,9 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
 
     data = load_task(task)
     spec = glue.get_task(task)
+    failure = gate_failure(p, task)  # not distilled: every model's submission files get the trivial predictions
     results: dict[str, dict[str, Any]] = {}
-    for name, model_dir in evaluated_models(p, task).items():
+    for name, model_dir in present(evaluated_models(p, task)).items():
         metrics, test_logits = evaluate_model(model_dir, task, data, max_length=p.data.max_length)
         model = AutoModelForSequenceClassification.from_pretrained(str(model_dir))
         counts = parameter_counts(model)
@@ -52,29 +59,55 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
             **metrics,
             "main": glue.main_score(task, metrics),
         }
-        if test_logits is not None:
+        if test_logits is not None and failure is None:
             glue.write_submission(task, test_logits, paths.predictions(task) / name, indices=data["test"]["idx"][:])
         for extra in glue.tasks_evaluated_with(task)[1:]:  # MNLI-mm and AX from the MNLI model
             extra_data = DatasetDict({s: data[extra_split(extra, s)] for s in ("dev", "test")
                                       if extra_split(extra, s) in data})
             extra_metrics, extra_test = evaluate_model(model_dir, extra, extra_data, max_length=p.data.max_length)
             results[name].update({f"{extra}.{k}": v for k, v in extra_metrics.items()})
-            if extra_test is not None:
+            if extra_test is not None and failure is None:
                 glue.write_submission(extra, extra_test, paths.predictions(task) / name,
                                       indices=extra_data["test"]["idx"][:])
     for (name, model_dir), student in zip(baselines(p, task).items(), p.students):
+        if skipped(model_dir) is not None:
+            continue
         metrics, _ = evaluate_model(model_dir, task, data, max_length=p.data.max_length)
-        results[name] = {"params": results[student]["params"], **metrics, "main": glue.main_score(task, metrics),
-                         "baseline_of": student}
+        params = (results[student]["params"] if student in results else
+                  parameter_counts(AutoModelForSequenceClassification.from_pretrained(str(model_dir)))["total"])
+        results[name] = {"params": params, **metrics, "main": glue.main_score(task, metrics), "baseline_of": student}
     results["trivial"] = {**trivial_baseline(task), "baseline_of": "teacher"}
+    results["teacher"]["passed_gate"] = failure is None
+    if failure is not None:
+        results["teacher"]["gate"] = str(failure)
+        _trivial_submission(p, task, data)
     sessions = {}
     if p.evaluation.export_onnx:
         for name in p.students:
-            sessions[f"{name}-int8"] = _export(p, task, name, data, results[name])
+            if name in results:
+                sessions[f"{name}-int8"] = _export(p, task, name, data, results[name])
+            else:  # not distilled: the stage's declared output says why
+                write_skipped([paths.export(name, task)], skipped(paths.student(name, task) / "model") or "skipped")
     if p.evaluation.latency:
         results = _add_latency(p, task, results, sessions)
     write_json(paths.evaluation(task), results)
     return {"metrics": {f"{m}.{k}": v for m, r in results.items() for k, v in r.items() if isinstance(v, (int, float))}}
+
+
+def _trivial_submission(p: Params, task: str, data) -> None:
+    """A task whose teacher failed the gate: every model's submission files hold the trivial baseline's predictions
+    (majority class of the training labels, or their mean score), as the BERT paper submitted for WNLI."""
+    from distillery import glue
+
+    train_labels = data["train"]["label"][:]
+    for name in glue.tasks_evaluated_with(task):  # MNLI-mm and AX too, from MNLI's training labels
+        split = "test" if name == task else extra_split(name, "test")
+        if split not in data:
+            continue
+        test = data[split]
+        predictions = glue.trivial_predictions(task, train_labels, len(test))
+        for model in _models(p):
+            glue.write_submission(name, predictions, paths.predictions(task) / model, indices=test["idx"][:])
 
 
 def _export(p: Params, task: str, student: str, data, result: dict[str, Any]):
@@ -113,7 +146,7 @@ def _add_latency(p: Params, task: str, results: dict[str, dict[str, Any]], sessi
     from distillery.efficiency import measure_latency
 
     models = {name: AutoModelForSequenceClassification.from_pretrained(str(d)).eval()
-              for name, d in evaluated_models(p, task).items()}
+              for name, d in present(evaluated_models(p, task)).items()}
     for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
         timed = {**models, **sessions} if device == "cpu" else models
         for batch in p.evaluation.latency_batch_sizes:
@@ -133,9 +166,10 @@ def run_report(p: Params, _: str | None) -> dict[str, Any]:
 
     summary = _summary(p)
     write_json(paths.summary(), summary)
-    # training curves that logged a loss (a run shorter than `logging_steps` logs only its summary row)
+    # training curves that logged a loss (a run shorter than `logging_steps` logs only its summary row; a skipped
+    # stage's curve is a header alone)
     curves = {f.stem: f for f in sorted((paths.METRICS / "curves").glob("*.csv"))
-              if "loss" in f.read_text(encoding="utf-8").split("\n", 1)[0].split(",")}
+              if _has_loss(f.read_text(encoding="utf-8"))}
     batch = min(p.evaluation.latency_batch_sizes)
     latency = {m: r[f"latency_ms_b{batch}"] for task in summary.values() for m, r in task.items()
                if f"latency_ms_b{batch}" in r}
@@ -143,15 +177,19 @@ def run_report(p: Params, _: str | None) -> dict[str, Any]:
     if p.data.max_eval_examples:
         notes.append(f"Dev scores on a random subset of at most {p.data.max_eval_examples} examples per task "
                      "(data.max_eval_examples), not the full dev split.")
-    failed = [t for t in p.data.tasks if not summary[t]["teacher"]["passed_gate"]]
-    if failed:
-        notes.append(f"No retention for {', '.join(failed)}: the teacher did not beat the trivial baseline by "
-                     f"finetune.min_gain_over_trivial.")
+    # one line per task whose teacher failed the gate: not distilled, no retention, trivial submission files
+    failed = [f"{summary[t]['teacher']['gate']}. Its submission files hold the trivial baseline's predictions."
+              for t in p.data.tasks if not summary[t]["teacher"]["passed_gate"]]
     written = write_report(summary, paths.REPORTS, loss_curves=curves, latency=latency or None, teacher="teacher",
-                           notes=notes)
+                           notes=notes, lines=failed)
     for model in _models(p):
         written.append(_zip_predictions(p, model))
     return {"artifacts": [str(w) for w in written] + [str(paths.summary())]}
+
+
+def _has_loss(csv_text: str) -> bool:
+    header, _, rows = csv_text.partition("\n")
+    return "loss" in header.split(",") and bool(rows.strip())
 
 
 def _zip_predictions(p: Params, model: str) -> Path:
@@ -174,7 +212,9 @@ def _models(p: Params) -> list[str]:
 def _summary(p: Params) -> dict[str, Any]:
     """metrics/summary.json: task -> model -> {"params", GLUE metrics..., "retention"}. Rows: the teacher, its
     trivial baseline (`trivial`), the students, their int8 exports and their direct baselines (`<s>-direct`,
-    with `baseline_of`). Retention (main dev score over the teacher's) is given only when the teacher passed
+    with `baseline_of`). The teacher's row says whether it passed the gate (`passed_gate`, as the evaluate stage
+    recorded it; when not, `gate` holds the one-line reason and the task has no student rows: nothing was
+    distilled). Retention (main dev score over the teacher's) is given only when the teacher passed
     the gate (beat the trivial baseline by `finetune.min_gain_over_trivial`); each student also gets
     `gain_over_direct`, its main score minus its direct baseline's. Under `average`: each model's mean main score
     over the tasks and, when every teacher passed its gate, the students' retention of the teacher's average
@@ -187,15 +227,13 @@ def _summary(p: Params) -> dict[str, Any]:
     for task in p.data.tasks:
         results = json.loads(paths.evaluation(task).read_text())
         teacher_main = results["teacher"]["main"]
-        passed = beats_trivial(p.for_task(task), teacher_main, results["trivial"]["main"])
+        passed = results["teacher"]["passed_gate"]
         all_passed = all_passed and passed
         main[task] = {name: r["main"] for name, r in results.items()}
         summary[task] = {}
         for name, r in results.items():
             entry = {k: v for k, v in r.items() if k != "main"}
-            if name == "teacher":
-                entry["passed_gate"] = passed
-            elif name != "trivial" and passed:
+            if name not in ("teacher", "trivial") and passed:
                 entry["retention"] = r["main"] / teacher_main
             if f"{name}-direct" in results:
                 entry["gain_over_direct"] = r["main"] - results[f"{name}-direct"]["main"]
@@ -229,7 +267,8 @@ EVALUATE = Stage(
     "evaluate", run_evaluate, device="exclusive",
     deps=lambda p, t: [paths.task_data(t), *evaluated_models(p, t).values(), *baselines(p, t).values()],
     outs=lambda p, t: [paths.evaluation(t), paths.predictions(t)] + ([paths.export(s, t) for s in p.students] if p.evaluation.export_onnx else []),
-    params=lambda p, t: {"max_length": p.data.max_length, "evaluation": p.evaluation.model_dump(mode="json")},
+    params=lambda p, t: {"max_length": p.data.max_length, "evaluation": p.evaluation.model_dump(mode="json"),
+                         "min_gain_over_trivial": p.finetune.min_gain_over_trivial},
     code=("distillery/evaluation.py", "distillery/efficiency", "distillery/glue", "tasks/evaluate.py", "tasks/teacher.py"),
 )
 REPORT = Stage(

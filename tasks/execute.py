@@ -59,13 +59,19 @@ def execute(stage: Stage, params: Params, item: str | None = None, parent_run_id
     with tracking.run(name, params=stage.params(params, item), parent_run_id=parent_run_id,
                       tags={"stage": stage.name, "item": item or ""}):
         result = run_stage(stage, params, item, key)
+        if result.get("skipped"):
+            import mlflow
+
+            mlflow.set_tag("skipped", str(result["skipped"])[:5000])
+            write_text(paths.curves(name), "step,loss\n")  # no training step (and the plot dvc.yaml declares exists)
         if result.get("curve") and Path(result["curve"]).is_file():
             with atomic_path(paths.curves(name)) as tmp:
                 shutil.copyfile(result["curve"], tmp)
         tracking.log_result(result)
     _started_file(stage, item).unlink(missing_ok=True)
     seconds = time.perf_counter() - started
-    say(f"{label(stage, item)}: done in {seconds:.0f} s")
+    say(f"{label(stage, item)}: " + (f"skipped: {result['skipped']}" if result.get("skipped") else
+                                     f"done in {seconds:.0f} s"))
     result = {k: (str(v) if isinstance(v, Path) else v) for k, v in result.items()}
     result["outs"] = [str(o) for o in stage.outs(params, item)]
     result["seconds"] = round(seconds, 2)

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from tasks import env  # noqa: F401  (offline hygiene in the ranks too)
 from tasks.env import ROOT
+from tasks.stage import SkipStage
 
 from distillery.config import Params
 from distillery.errors import UserError
@@ -62,6 +63,8 @@ def launch(target: str, p: Params, item: str | None) -> dict[str, Any]:
             cmd += ["--item", item]
         returncode = subprocess.run(cmd, cwd=ROOT).returncode
         result = json.loads(result_file.read_text(encoding="utf-8")) if result_file.is_file() else {}
+    if "skipped" in result:  # the body found nothing to do (tasks.stage.SkipStage), in every rank alike
+        raise SkipStage(result["message"], result["skipped"])
     if "error" in result:
         raise UserError(result["error"])
     if returncode != 0 or "result" not in result:
@@ -93,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     set_seed(p.seed)
     try:
         result = run(p, args.item)
+    except SkipStage as exc:
+        if is_main():
+            write_json(args.result, {"skipped": exc.reason, "message": str(exc)})
+        return 0
     except UserError as exc:
         if is_main():
             write_json(args.result, {"error": str(exc)})

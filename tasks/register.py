@@ -24,7 +24,7 @@ from typing import Any
 from tasks import paths
 from tasks.execute import say
 from tasks.provenance import git_commit, lock_outs
-from tasks.stage import Stage, fingerprint, split_item
+from tasks.stage import SkipStage, Stage, fingerprint, skipped, split_item
 
 from distillery.config import Params
 from distillery.io import write_json
@@ -232,6 +232,8 @@ def run_register(p: Params, item: str) -> dict[str, Any]:
     student, task = split_item(item)
     spec = glue.get_task(task)
     model_dir = paths.student(student, task) / "model"
+    if (reason := skipped(model_dir)) is not None:  # not distilled (its teacher failed the gate): nothing to register
+        raise SkipStage(f"register: {student}-{task} was not distilled: {reason}", reason)
     metrics = version_metrics(p, student, task)
     name = f"{student}-{task}"
     client = mlflow.MlflowClient()

@@ -11,6 +11,11 @@ same and every output still has that fingerprint, so a deleted, modified or fore
 Prefect flow uses the key as its task cache key and runs no body for a fresh stage even when Prefect's own
 result store misses (e.g. after `dvc repro`); `python -m flows.stage`, which DVC calls, skips a fresh stage
 the same way. DVC reaches the same decision from `dvc.yaml` (same deps, same params, same outs).
+
+A body with nothing to do for its item (its task's teacher failed the gate) raises `SkipStage`: the stage succeeds
+without running, each output becomes a skip record that says why (`write_skipped`, read back with `skipped`), and it
+is stamped like any run, so the flow, `python -m flows.stage` and `dvc repro` (which needs every declared output)
+agree, and a re-run finds it fresh until its inputs or params change.
 """
 
 from __future__ import annotations
@@ -26,9 +31,38 @@ from typing import Any, Callable, Literal
 from tasks.env import ROOT
 
 from distillery.config import Params
-from distillery.io import write_text
+from distillery.io import atomic_dir, write_json, write_text
 
 STAMPS = ROOT / ".prefect" / "stamps"
+SKIPPED = "skipped.json"  # the skip record inside a skipped directory output
+
+
+class SkipStage(Exception):
+    """Raised by a stage body that has nothing to do for its item; `reason` is the short line the console shows."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason or message
+
+
+def write_skipped(outs: list[Path], reason: str) -> None:
+    """Each output of a skipped stage as a skip record `{"skipped": reason}`: a file output (a name with a suffix)
+    holds it, a directory output holds it as `skipped.json`."""
+    record = {"skipped": reason}
+    for out in map(Path, outs):
+        if out.suffix:
+            write_json(out, record)
+        else:
+            with atomic_dir(out) as tmp:
+                write_json(tmp / SKIPPED, record)
+
+
+def skipped(out: Path) -> str | None:
+    """Why a stage skipped this directory output (`write_skipped`), or None when it holds the stage's work."""
+    record = Path(out) / SKIPPED
+    if not record.is_file():
+        return None
+    return json.loads(record.read_text(encoding="utf-8")).get("skipped") or "skipped"
 
 
 @dataclass(frozen=True)
@@ -161,7 +195,8 @@ def is_fresh(stage: Stage, params: Params, item: str | None, key: str | None = N
 
 
 def run_stage(stage: Stage, params: Params, item: str | None, key: str | None = None) -> dict[str, Any]:
-    """Run a stage body, then stamp its outputs with the key that made them and their fingerprints."""
+    """Run a stage body, then stamp its outputs with the key that made them and their fingerprints. A body that raises
+    SkipStage leaves skip records as its outputs and returns `{"skipped": reason}`."""
     key = key or stage_key(stage, params, item)
     _stamp_path(stage, item).unlink(missing_ok=True)  # a killed run must not leave an old stamp that looks valid
     if stage.device:
@@ -171,7 +206,11 @@ def run_stage(stage: Stage, params: Params, item: str | None, key: str | None = 
         # it in this process: the flow runs many stages in one process, `dvc repro` one per process; both must agree.
         # (File stages use their own seeded generators: they may run beside a training stage and must not reseed it.)
         set_seed(params.seed)
-    result = stage.run(params, item)
+    try:
+        result = stage.run(params, item)
+    except SkipStage as exc:
+        write_skipped(stage.outs(params, item), exc.reason)
+        result = {"skipped": exc.reason}
     write_text(_stamp_path(stage, item), json.dumps({"key": key, "outputs": _outputs(stage, params, item)},
                                                     indent=1, sort_keys=True) + "\n")
     return result

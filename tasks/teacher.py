@@ -10,7 +10,7 @@ from typing import Any
 from tasks import paths
 from tasks.data import resolve
 from tasks.launch import distributed, distributed_params
-from tasks.stage import Stage
+from tasks.stage import SkipStage, Stage
 
 from distillery.config import Params, TrainSection
 from distillery.errors import UserError
@@ -135,8 +135,10 @@ def run_finetune_teacher(p: Params, task: str) -> dict[str, Any]:
     return {"curve": final / "train_log.csv", "metrics_file": final / "metrics.json"}
 
 
-class TeacherGateError(UserError, RuntimeError):
-    """The fine-tuned teacher did not beat its task's trivial baseline: nothing is worth distilling from it."""
+class TeacherGateError(SkipStage, UserError, RuntimeError):
+    """The fine-tuned teacher did not beat its task's trivial baseline: nothing is worth distilling from it. A stage
+    body that raises it (through `teacher_gate`) is skipped for that task (tasks.stage.SkipStage); the run goes on
+    with the other tasks."""
 
 
 def trivial_baseline(task: str) -> dict[str, float]:
@@ -153,9 +155,10 @@ def beats_trivial(p: Params, score: float, trivial: float) -> bool:
     return score >= trivial + p.finetune.min_gain_over_trivial
 
 
-def teacher_gate(p: Params, task: str) -> None:
-    """Raise TeacherGateError (one line: scores, baseline, what to change) unless the fine-tuned teacher's main
-    dev score beats the trivial baseline by `finetune.min_gain_over_trivial`."""
+def gate_failure(p: Params, task: str) -> TeacherGateError | None:
+    """None when the fine-tuned teacher's main dev score beats the trivial baseline by
+    `finetune.min_gain_over_trivial`, else the TeacherGateError saying so (one line: scores, baseline, what to
+    change; its `reason` the short form a skipped stage prints)."""
     import json
 
     from distillery import glue
@@ -165,12 +168,26 @@ def teacher_gate(p: Params, task: str) -> None:
     metrics = {k.removeprefix("eval_"): v for k, v in json.loads(metrics_file.read_text()).items()}
     score = glue.main_score(task, metrics)
     trivial = trivial_baseline(task)["main"]
-    if not beats_trivial(p, score, trivial):
-        raise TeacherGateError(
-            f"{task}: the fine-tuned teacher scores {score:.4f} on dev, the trivial baseline {trivial:.4f} "
-            f"(needed: +{p.finetune.min_gain_over_trivial}); it has not learned the task, so nothing is distilled. "
-            f"Train it longer or on more data (finetune.epochs / lr, data.max_train_examples), or lower "
-            f"finetune.min_gain_over_trivial ({metrics_file})")
+    if beats_trivial(p, score, trivial):
+        return None
+    gain = p.finetune.min_gain_over_trivial
+    return TeacherGateError(
+        f"{task}: the fine-tuned teacher scores {score:.4f} on dev, the trivial baseline {trivial:.4f} "
+        f"(needed: +{gain}); it has not learned the task, so nothing is distilled for it. "
+        f"Train it longer or on more data (finetune.epochs / lr, data.max_train_examples), or lower "
+        f"finetune.min_gain_over_trivial ({metrics_file})",
+        f"the {task} teacher failed the gate (dev {score:.4f}, trivial baseline {trivial:.4f}, needed +{gain})")
+
+
+def teacher_gate(p: Params, task: str) -> None:
+    """Raise TeacherGateError unless the fine-tuned teacher of `task` passes the gate (`gate_failure`)."""
+    if (failure := gate_failure(p, task)) is not None:
+        raise failure
+
+
+def failed_gates(p: Params) -> list[str]:
+    """One line per task whose teacher failed the gate (the tasks that were not distilled)."""
+    return [str(f) for task in p.data.tasks if (f := gate_failure(p, task)) is not None]
 
 
 def _pretrain_deps(p: Params) -> list[Path]:
@@ -199,7 +216,8 @@ FINETUNE_TEACHER = Stage(
     deps=lambda p, t: [paths.task_data(t)] + _finetune_source_deps(p),
     outs=lambda p, t: [paths.teacher(t) / "model"],
     params=lambda p, t: {"seed": p.seed, "max_length": p.data.max_length,
-                         "finetune": p.finetune.model_dump(mode="json", exclude={"min_gain_over_trivial"}),
+                         "finetune": p.finetune.model_dump(mode="json", exclude={"min_gain_over_trivial",
+                                                                                  "stop_on_failed_gate"}),
                          "teacher": p.teacher.model_dump(mode="json"), **distributed_params(p)},
     code=("distillery/training", "distillery/models.py", "distillery/glue", "tasks/teacher.py"),
 )

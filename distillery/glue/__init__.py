@@ -10,7 +10,7 @@ from distillery.glue.loaders import (
     load_split_file,
     task_dir,
 )
-from distillery.glue.metrics import compute_metrics, main_score, trivial_baseline
+from distillery.glue.metrics import compute_metrics, main_score, trivial_baseline, trivial_predictions
 from distillery.glue.stats import glue_stats, split_stats
 from distillery.glue.submission import (
     GLUE_TEST_ROWS,
@@ -26,6 +26,6 @@ __all__ = [
     "GLUE_TASKS", "GLUE_TEST_ROWS", "TASKS", "UNLABELED", "GlueFileError", "TaskSpec", "UnknownTaskError",
     "available_splits", "check_submission", "compute_metrics", "encode", "format_predictions", "get_task",
     "glue_stats", "load_hub", "load_local", "load_split_file", "main_score", "split_stats",
-    "submission_filename", "task_dir", "tasks_evaluated_with", "trivial_baseline", "write_submission",
-    "zip_submission",
+    "submission_filename", "task_dir", "tasks_evaluated_with", "trivial_baseline", "trivial_predictions",
+    "write_submission", "zip_submission",
 ]

@@ -119,19 +119,22 @@ def main_score(task: str | TaskSpec, metrics: Mapping[str, float], *, selection:
     return need(kind)
 
 
-def trivial_baseline(task: str | TaskSpec, train_labels, dev_labels) -> dict[str, float]:
-    """Dev metrics of the trivial predictor learned from the training labels alone: the majority class for
-    classification, the mean training score for regression (a constant, so its correlations are 0).
-
-    A teacher that does not beat this has learned nothing from the task's text."""
+def trivial_predictions(task: str | TaskSpec, train_labels, n: int) -> np.ndarray:
+    """`n` predictions of the trivial predictor learned from the training labels alone: the majority class id for
+    classification, the mean training score for regression (what the BERT paper submitted for WNLI)."""
     spec = get_task(task)
     y_train = np.asarray(train_labels)
-    y_dev = np.asarray(dev_labels)
     if y_train.size == 0:
         raise ValueError(f"{spec.name}: no training labels to build the trivial baseline from")
     if spec.is_regression:
-        constant = np.full(y_dev.shape, float(np.mean(y_train)), dtype=np.float64)
-    else:
-        counts = np.bincount(y_train.astype(np.int64), minlength=spec.num_labels)
-        constant = np.full(y_dev.shape, int(np.argmax(counts)), dtype=np.int64)
-    return compute_metrics(spec, constant, y_dev)
+        return np.full(n, float(np.mean(y_train)), dtype=np.float64)
+    counts = np.bincount(y_train.astype(np.int64), minlength=spec.num_labels)
+    return np.full(n, int(np.argmax(counts)), dtype=np.int64)
+
+
+def trivial_baseline(task: str | TaskSpec, train_labels, dev_labels) -> dict[str, float]:
+    """Dev metrics of the trivial predictor (`trivial_predictions`; a constant, so its correlations are 0).
+
+    A teacher that does not beat this has learned nothing from the task's text."""
+    y_dev = np.asarray(dev_labels)
+    return compute_metrics(task, trivial_predictions(task, train_labels, len(y_dev)), y_dev)
