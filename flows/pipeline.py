@@ -199,7 +199,8 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
             mlflow.set_tag("teacher_gate_failed", "\n".join(failed_teachers)[:5000])
         if stop:
             mlflow.set_tag("stopped", "teacher gate (finetune.stop_on_failed_gate)")
-            done = [node for node in done if node[0] != "report"]  # `dvc repro` ends the same way: its report stage
+            # report not recorded in dvc.lock: `dvc repro` then runs its report stage, which ends the same way
+            done = [node for node in done if node[0] != "report"]
         mlflow.log_metrics({f"seconds.{k.replace('[', '.').replace(']', '').replace(':', '.')}": v
                             for k, v in timings.items()})
         mlflow.log_artifact(str(paths.summary()))
