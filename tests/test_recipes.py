@@ -119,7 +119,7 @@ def test_bad_tinybert_recipe_names_the_key(edit, key, words):
     ("minilm-demo", {"objectives": {"attention_loss": 1}}, "students.minilm-demo.objectives",
      "cannot be computed by the minilm"),
     ("minilm-demo", {"init": {"checkpoint": "./no/such/dir"}}, "students.minilm-demo.init.checkpoint",
-     "not a model directory"),
+     "not found"),
 ])
 def test_bad_minilm_and_distilbert_recipes_name_the_key(student, edit, key, words):
     data = demo()
