@@ -27,7 +27,9 @@ from distillery.training.spec import TrainRun
 from distillery.training.log import read_log
 from distillery.training.masking import SmoothedMaskingCollator, masking_weights, token_counts
 
-from test_training_utils import FAST, bert_config, encoded, one_thread, tokenizer  # noqa: F401
+from helpers import FAST, bert_config, encoded, tokenizer  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models on one intra-op thread (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +57,7 @@ def mlm_teacher(vocab: int, layers: int = 4, hidden: int = 32, heads: int = 2, i
 
 def test_demo_has_one_student_per_recipe():
     p = parse_params(demo())
-    assert {r.recipe for r in p.students.values()} == {"tinybert", "minilm", "distilbert", "mobilebert"}
+    assert {r.recipe for r in p.students.values()} == {"tinybert", "minilm", "distilbert", "mobilebert", "pkd"}
     assert isinstance(p.students["distilbert-demo"], DistilBertRecipe)
     # paper defaults come from the recipe when params give none
     assert dict(p.students["distilbert-demo"].weights.weights) == {"soft_target_loss": 5.0, "mlm_loss": 2.0,
