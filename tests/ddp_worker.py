@@ -52,7 +52,7 @@ def main(out: Path) -> None:
     from distillery.training.metrics import accuracy
     from distillery.training.spec import DistillSpec, Grid, TrainRun
     from distillery.models import resolve_shape
-    from test_training_utils import bert_config, encoded, sentences
+    from helpers import bert_config, encoded, sentences
 
     MOBILE = resolve_shape({"preset": "mobilebert-tiny", "layers": 2, "hidden": 32, "heads": 2, "intermediate": 16,
                             "extra": {"intra_bottleneck_size": 8, "embedding_size": 32, **NO_DROPOUT}})

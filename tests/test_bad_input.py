@@ -21,6 +21,7 @@ import yaml
 
 from distillery.cli import main as cli
 from distillery.glue.loaders import GlueFileError, load_split_file
+from helpers import ONE_STUDENT
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the a movie film good bad great plot acting story dull charming it was is not".split()
@@ -334,12 +335,12 @@ def test_a_stage_error_inside_the_prefect_flow_ends_with_its_one_line(tmp_path):
     glue.mkdir(parents=True)
     (glue / "train.tsv").write_text("sentence\tlabel\na good film\t1\na bad film\t0\nfine\t1\nawful\t2\n")
     (glue / "dev.tsv").write_text("sentence\tlabel\ngood\t1\nbad\t0\n")
-    data = demo_params()
-    data["data"].update(source="local", glue_dir="glue", tasks=["sst2"])
-    data["corpus"]["demo_documents"] = 20
+    data = {**ONE_STUDENT, "data": {**ONE_STUDENT["data"], "source": "local", "glue_dir": "glue", "tasks": ["sst2"]},
+            "corpus": {**ONE_STUDENT["corpus"], "demo_documents": 20}}
     (project / "params.yaml").write_text(yaml.safe_dump(data))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "DISTILLERY_"))}
     env["PYTHONPATH"] = str(project)
+    env.setdefault("OMP_NUM_THREADS", "1")  # micro models: one intra-op thread (see helpers.env_for)
     expected = f"error: {glue / 'train.tsv'}:5: label '2' is not one of ['0', '1'] (sst2)"
     for cmd in ([sys.executable, "-m", "flows.stage", "prepare_task", "--item", "sst2"],
                 [sys.executable, "-m", "flows.pipeline"]):

@@ -16,6 +16,7 @@ from tasks import env  # noqa: F401
 from distillery.config import load_params
 from flows.pipeline import DeviceSlots
 from flows.stages import STAGES, nodes, upstream
+from helpers import EVENT_LINE, ONE_STUDENT, make_project, run, stage_lines
 
 
 def test_upstream_follows_the_declared_inputs_and_outputs():
@@ -84,9 +85,7 @@ def test_device_work_runs_on_the_device_threads_in_the_callers_context():
 def test_the_flow_runs_on_a_dask_cluster(tmp_path):
     """`orchestration.runner: dask` (prefect-dask; a local in-process cluster when no address is given) runs every
     stage of a one-student micro pipeline, a second run is all cache hits, and the console stays one line per event."""
-    from test_pipeline_e2e import EVENT_LINE, MICRO, make_project, run, stage_lines
-
-    params = {**MICRO, "students": {"micro": MICRO["students"]["micro"]},
+    params = {**ONE_STUDENT, "evaluation": {**ONE_STUDENT["evaluation"], "baselines": True},
               "orchestration": {"runner": "dask", "max_workers": 2}}
     project = make_project(tmp_path, params, dvc_yaml=False)
     out = run([sys.executable, "-m", "flows.pipeline"], project)

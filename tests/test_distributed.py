@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from distillery.config import ConfigError, parse_params
 from distillery.training.distributed import launched, per_device_batch
-from test_training_utils import WORDS, write_vocab
+from helpers import WORDS, write_vocab
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("ddp_worker.py")

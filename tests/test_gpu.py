@@ -14,7 +14,7 @@ from distillery.training import args as targs_mod
 from distillery.training.distill import Distiller, make_projection
 from distillery.training.spec import DistillSpec
 
-from test_training_utils import one_thread  # noqa: F401  (fixture)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models on one intra-op thread (tests/conftest.py)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")

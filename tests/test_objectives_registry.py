@@ -26,7 +26,9 @@ from distillery.training.distill import Distiller, distill
 from distillery.training.log import read_log
 from distillery.training.spec import DistillSpec, TrainRun
 
-from test_training_utils import one_thread, FAST, bert_config, classifier, encoded, tokenizer  # noqa: F401
+from helpers import FAST, bert_config, classifier, encoded, tokenizer  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models on one intra-op thread (tests/conftest.py)
 
 #: name -> (paper module, stages)
 EXPECTED = {

@@ -15,77 +15,17 @@ The project's pipeline files are copied into a temporary directory so nothing to
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import EVENT_LINE, MICRO, env_for, make_project, run, scratch, stage_lines, stamp_times
 
-MICRO = {
-    "seed": 7,
-    "data": {"source": "demo", "tasks": ["demo"], "max_length": 24, "demo_train": 600, "demo_dev": 100,
-             "demo_test": 40},
-    "corpus": {"source": "demo", "demo_documents": 80},
-    "teacher": {"init": "scratch", "shape": {"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64},
-                "vocab_size": 300},
-    "pretrain": {"epochs": 1, "lr": 1e-3, "batch_size": 32, "max_length": 32},
-    "finetune": {"epochs": 15, "lr": 3e-3, "batch_size": 32, "warmup_ratio": 0.1},  # passes the gate: 0.84 vs 0.5
-    "word_vectors": {"source": "corpus", "dim": 8},
-    "augment": {"n_aug": 2, "max_examples": 40},
-    "students": {  # one student per recipe
-        "micro": {"recipe": "tinybert", "shape": {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 32}},
-        "micro-minilm": {"recipe": "minilm", "shape": {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 32}},
-        "micro-distilbert": {"recipe": "distilbert", "init": {"teacher_layers": [1]},
-                             "shape": {"layers": 1, "hidden": 32, "heads": 2, "intermediate": 64, "arch": "distilbert"}},
-        "micro-mobilebert": {"recipe": "mobilebert", "shape": {"preset": "mobilebert-tiny", "layers": 2, "hidden": 32,
-                                                               "heads": 2, "intermediate": 16, "intra": 8,
-                                                               "embedding": 32}},
-    },
-    "general_distillation": {"epochs": 1, "lr": 1e-3, "batch_size": 32, "max_length": 32},
-    "task_distillation": {"intermediate": {"epochs": 1, "lr": 1e-3, "batch_size": 32},
-                          "prediction": {"lrs": [1e-3], "batch_sizes": [32], "epochs": 1},
-                          "finetune": {"lrs": [1e-3], "batch_sizes": [32], "epochs": 1}},
-    "evaluation": {"latency_batch_sizes": [1], "latency_seq_len": 16},
-}
-
-
-def make_project(tmp: Path, params: dict | None = None, *, dvc_yaml: bool = True) -> Path:
-    for name in ("distillery", "tasks", "flows"):
-        shutil.copytree(ROOT / name, tmp / name, ignore=shutil.ignore_patterns("__pycache__"))
-    (tmp / "params.yaml").write_text(yaml.safe_dump(params or MICRO))
-    if dvc_yaml:
-        run([sys.executable, "-m", "flows.dvc"], tmp)  # dvc.yaml for these params, from the stage declarations
-    return tmp
-
-
-def env_for(project: Path) -> dict[str, str]:
-    """The environment of a pipeline command in `project` (the project's own PREFECT_HOME and MLflow database)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
-    env["PYTHONPATH"] = str(project)
-    return env
-
-
-def run(cmd: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=cwd, env=env_for(cwd), capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return proc
-
-
-@pytest.fixture(scope="module")
-def prefect_project(tmp_path_factory):
-    project = make_project(tmp_path_factory.mktemp("pipeline"))
-    run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], project)  # the flow records its stages in dvc.lock
-    t0 = time.perf_counter()
-    first = run([sys.executable, "-m", "flows.pipeline"], project)
-    first_s = time.perf_counter() - t0
-    return project, first, first_s
+# prefect_project (MICRO, one student per recipe, built once by the flow) and one_student_project (RESUME,
+# built once by `dvc repro`) are session fixtures in tests/conftest.py.
 
 
 @pytest.mark.slow
@@ -160,17 +100,6 @@ def test_dvc_repro_after_the_flow_runs_no_stage(prefect_project):
     assert {p.name: p.stat().st_mtime_ns for p in (project / ".prefect" / "stamps").iterdir()} == stamps
 
 
-#: What a pipeline's console may print besides progress bars: stage events, the registry's decisions, the summary.
-EVENT_LINE = re.compile(r"^([a-z_]+(\[[^]]+\])?: (started|done in \d+ s)|register \S+ version \d+: .+|"
-                        r"pipeline finished in .+)$")
-
-
-def stage_lines(console: str) -> list[str]:
-    """The console's lines other than progress bars (tqdm redraws with carriage returns)."""
-    lines = [line.strip() for line in console.replace("\r", "\n").splitlines()]
-    return [line for line in lines if line and not any(bar in line for bar in ("it/s]", "s/it]", "ex/s]", "%|"))]
-
-
 @pytest.mark.slow
 def test_console_has_one_line_per_stage_event(prefect_project):
     """No warnings a user cannot act on (MLflow registration chatter, type-hint advice, load reports, evaluation
@@ -196,51 +125,52 @@ def test_champion_predicts_labels_for_raw_sentences(prefect_project):
 
 
 @pytest.mark.slow
-def test_dvc_repro_then_noop(tmp_path):
-    project = make_project(tmp_path)
-    run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], project)
-    run([sys.executable, "-m", "dvc", "repro"], project, timeout=1500)
+def test_dvc_repro_then_noop(one_student_project):
+    """`dvc repro` built the one-student project from scratch (the session fixture): run again it runs nothing, and
+    the flow after it runs nothing either; an edited default makes every stage stale for both."""
+    project = one_student_project.project
     assert (project / "metrics" / "summary.json").is_file()
-    t0 = time.perf_counter()
-    out = run([sys.executable, "-m", "dvc", "repro"], project).stdout
-    assert time.perf_counter() - t0 < 30
-    assert "Running stage" not in out
-    shown = run([sys.executable, "-m", "dvc", "metrics", "show", "--json"], project).stdout
-    assert "accuracy" in shown
-    # the reverse: after `dvc repro` the flow finds every stage fresh and runs none
-    lines = stage_lines(run([sys.executable, "-m", "flows.pipeline"], project).stdout)
-    declared = yaml.safe_load((project / "dvc.yaml").read_text())["stages"]
-    assert not [line for line in lines if line.endswith(": started")]
-    assert len([line for line in lines if line.endswith(": cached")]) == len(declared)
-    # a default edited in distillery/config.py makes every stage stale, for DVC and for the flow
-    config = project / "distillery" / "config.py"
-    edited = config.read_text().replace("weight_decay: float = Field(0.01,", "weight_decay: float = Field(0.02,")
-    assert edited != config.read_text()
-    config.write_text(edited)
-    status = json.loads(run([sys.executable, "-m", "dvc", "status", "--json"], project).stdout)
-    assert set(status) == set(declared)
-    fresh = run([sys.executable, "-c", "from distillery.config import load_params\n"
-                 "from flows.stages import STAGES, items\nfrom tasks.stage import is_fresh\n"
-                 "p = load_params('params.yaml')\n"
-                 "print(sum(is_fresh(s, p, i) for n, s in STAGES.items() for i in items(n, p)))"], project).stdout
-    assert fresh.strip().splitlines()[-1] == "0"
+    with scratch(project):  # the flow's run and the edited default stay out of the other tests' project
+        t0 = time.perf_counter()
+        out = run([sys.executable, "-m", "dvc", "repro"], project).stdout
+        assert time.perf_counter() - t0 < 30
+        assert "Running stage" not in out
+        shown = run([sys.executable, "-m", "dvc", "metrics", "show", "--json"], project).stdout
+        assert "accuracy" in shown
+        # the reverse: after `dvc repro` the flow finds every stage fresh and runs none
+        lines = stage_lines(run([sys.executable, "-m", "flows.pipeline"], project).stdout)
+        declared = yaml.safe_load((project / "dvc.yaml").read_text())["stages"]
+        assert not [line for line in lines if line.endswith(": started")]
+        assert len([line for line in lines if line.endswith(": cached")]) == len(declared)
+        # a default edited in distillery/config.py makes every stage stale, for DVC and for the flow
+        config = project / "distillery" / "config.py"
+        edited = config.read_text().replace("weight_decay: float = Field(0.01,", "weight_decay: float = Field(0.02,")
+        assert edited != config.read_text()
+        config.write_text(edited)
+        status = json.loads(run([sys.executable, "-m", "dvc", "status", "--json"], project).stdout)
+        assert set(status) == set(declared)
+        fresh = run([sys.executable, "-c", "from distillery.config import load_params\n"
+                     "from flows.stages import STAGES, items\nfrom tasks.stage import is_fresh\n"
+                     "p = load_params('params.yaml')\n"
+                     "print(sum(is_fresh(s, p, i) for n, s in STAGES.items() for i in items(n, p)))"], project).stdout
+        assert fresh.strip().splitlines()[-1] == "0"
 
 
 @pytest.mark.slow
 def test_ablation_adds_variants_through_the_cached_stages(prefect_project):
     project, _, _ = prefect_project
-    stamps = project / ".prefect" / "stamps"
-    # evaluate and report cover the variants; register reads the evaluation (a new version only for a new model)
-    kept = {p.name: p.stat().st_mtime_ns for p in stamps.iterdir()
-            if not p.name.startswith(("evaluate", "report", "register"))}
-    run([sys.executable, "-m", "flows.ablation"], project)
-    after = {p.name: p.stat().st_mtime_ns for p in stamps.iterdir()}
-    assert all(after[name] == t for name, t in kept.items()), "the ablation re-ran an unchanged stage"
-    table = (project / "reports" / "ablation.md").read_text()
-    for variant in ("no-gd", "no-da", "no-step1", "no-attn"):
-        assert f"micro-{variant}" in table
-        assert any(n.startswith("task_distillation") and f"micro-{variant}" in n for n in after)
-    assert (project / "reports" / "ablation.png").stat().st_size > 0
+    with scratch(project):  # the ablation's evaluation and report replace the summary the other tests read
+        # evaluate and report cover the variants; register reads the evaluation (a new version only for a new model)
+        kept = {name: t for name, t in stamp_times(project).items()
+                if not name.startswith(("evaluate", "report", "register"))}
+        run([sys.executable, "-m", "flows.ablation"], project)
+        after = stamp_times(project)
+        assert all(after[name] == t for name, t in kept.items()), "the ablation re-ran an unchanged stage"
+        table = (project / "reports" / "ablation.md").read_text()
+        for variant in ("no-gd", "no-da", "no-step1", "no-attn"):
+            assert f"micro-{variant}" in table
+            assert any(n.startswith("task_distillation") and f"micro-{variant}" in n for n in after)
+        assert (project / "reports" / "ablation.png").stat().st_size > 0
 
 
 @pytest.mark.slow

@@ -20,7 +20,9 @@ from distillery.recipes import RECIPES, RecipeError
 from distillery.training.log import read_log
 from distillery.training.spec import Grid, TrainRun
 
-from test_training_utils import FAST, bert_config, encoded, one_thread, tokenizer  # noqa: F401
+from helpers import FAST, bert_config, encoded, tokenizer  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models on one intra-op thread (tests/conftest.py)
 
 PKD = RECIPES["pkd"]
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from test_pipeline_e2e import MICRO  # the e2e tests' micro configuration
+from helpers import ONE_STUDENT
 
 from tasks import provenance
 from tasks.stage import fingerprint
@@ -37,13 +37,6 @@ from tasks.stage import fingerprint
 ROOT = Path(__file__).resolve().parents[1]
 POOL, DEPLOYMENT = "distillery-process", "distillery-pipeline/nightly"
 PREFECT = [sys.executable, "-m", "prefect"]
-
-# one student, no direct baselines, no ONNX export, a teacher that only has to be no worse than trivial:
-# every kind of stage still runs for real (data, MLM pre-training, fine-tuning, augmentation, both distillations,
-# evaluation, registry, report)
-SMALL = {**MICRO, "students": {"micro": MICRO["students"]["micro"]},
-         "finetune": {**MICRO["finetune"], "epochs": 3, "min_gain_over_trivial": 0.0},
-         "evaluation": {**MICRO["evaluation"], "baselines": False, "export_onnx": False}}
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -58,6 +51,7 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
     env.update(DO_NOT_TRACK="true", PREFECT_SERVER_ANALYTICS_ENABLED="false", MLFLOW_DISABLE_TELEMETRY="true",
                DVC_NO_ANALYTICS="1", **extra)
+    env.setdefault("OMP_NUM_THREADS", "1")  # micro models: one intra-op thread (see helpers.env_for)
     return env
 
 
@@ -130,7 +124,10 @@ class Stack:
         for name in ("distillery", "tasks", "flows"):
             shutil.copytree(ROOT / name, self.project / name, ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copy(ROOT / "prefect.yaml", self.project)
-        (self.project / "params.yaml").write_text(yaml.safe_dump(SMALL))
+        # one student, no direct baselines, no ONNX export, a teacher that only has to be no worse than trivial:
+        # every kind of stage still runs for real (data, MLM pre-training, fine-tuning, augmentation, both
+        # distillations, evaluation, registry, report)
+        (self.project / "params.yaml").write_text(yaml.safe_dump(ONE_STUDENT))
         (self.project / ".gitignore").write_text("__pycache__/\n")
         env = clean_env(PYTHONPATH=str(self.project))
         run([sys.executable, "-m", "flows.dvc"], self.project, env)

@@ -21,7 +21,9 @@ from distillery.training.logits_cache import cache_teacher_logits, teacher_finge
 from distillery.training.metrics import accuracy
 from distillery.training.spec import DistillSpec, Grid, TrainRun
 
-from test_training_utils import one_thread, FAST, classifier, encoded, tokenizer  # noqa: F401
+from helpers import FAST, classifier, encoded, tokenizer  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models on one intra-op thread (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,9 @@ from distillery.training.mlm import tokenize_texts, train_mlm
 from distillery.training.saving import last_checkpoint
 from distillery.training.spec import TrainRun
 
-from test_training_utils import one_thread, FAST, bert_config, classifier, encoded, sentences, tokenizer
+from helpers import FAST, bert_config, classifier, encoded, sentences, tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models on one intra-op thread (tests/conftest.py)
 
 
 def test_unknown_training_option_is_named(tmp_path):

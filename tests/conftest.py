@@ -1,0 +1,64 @@
+"""Fixtures shared by the tests (plain helpers: tests/helpers.py).
+
+The whole-pipeline tests share two projects, each built once per test session:
+
+- `prefect_project`: MICRO, one student per recipe, run by `python -m flows.pipeline` (the end-to-end checks: the
+  summary, report and registry, the champion's predictions, the console, a re-run all cache hits, `dvc repro`
+  after the flow, the ablation);
+- `one_student_project`: RESUME, the TinyBERT student alone with resume points, built by `dvc repro` (the DVC
+  round trip; tests/test_resume.py kills and resumes the stages of a copy).
+
+A test that changes one of them works in `helpers.scratch(project)` (or on a copy when it needs no cache hit), so
+the others find it as it was built.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from helpers import MICRO, RESUME, make_project, run
+
+
+class Built(NamedTuple):
+    project: Path
+    console: subprocess.CompletedProcess  # what the command that built it printed
+    seconds: float  # how long that command took
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models run fastest on one intra-op thread (and do not thrash a loaded 2-core machine)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def prefect_project(tmp_path_factory) -> Built:
+    """The micro pipeline, one student per recipe, from scratch by `python -m flows.pipeline` in a DVC project (the
+    flow records its stages in dvc.lock). Read it; change it only inside `helpers.scratch`."""
+    project = make_project(tmp_path_factory.mktemp("pipeline"), MICRO)
+    run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], project)
+    t0 = time.perf_counter()
+    first = run([sys.executable, "-m", "flows.pipeline"], project)
+    return Built(project, first, time.perf_counter() - t0)
+
+
+@pytest.fixture(scope="session")
+def one_student_project(tmp_path_factory) -> Built:
+    """The TinyBERT student alone (RESUME: resume points in every long stage), from scratch by `dvc repro`. Read it;
+    change it only inside `helpers.scratch`, or on a copy."""
+    project = make_project(tmp_path_factory.mktemp("one-student"), RESUME)
+    run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], project)
+    t0 = time.perf_counter()
+    built = run([sys.executable, "-m", "dvc", "repro"], project, timeout=1500)
+    return Built(project, built, time.perf_counter() - t0)

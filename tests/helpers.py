@@ -1,0 +1,211 @@
+"""Helpers shared by the tests; every test file imports them the same way, `from helpers import ...` (pytest puts
+tests/ on sys.path). Fixtures live in tests/conftest.py. No test file imports from another test file.
+
+- Training: a tiny WordPiece vocabulary, a learnable generated task, tiny BERTs, quiet Trainer arguments.
+- Pipeline projects: the micro params (MICRO: one student per recipe, the end-to-end project; ONE_STUDENT: the
+  TinyBERT student alone at the smallest sizes, for the tests of caching, scheduling, orchestration, DVC, Dask, the
+  deployment worker and bad input; RESUME: ONE_STUDENT with resume points), a project directory holding copies of the
+  pipeline files, the environment and runner of a pipeline command, the console's stage lines, and `scratch`: change
+  a shared project and get it back as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# ------------------------------------------------------------------------------------------------ training
+
+WORDS = [
+    "the", "a", "cat", "dog", "house", "tree", "car", "sky", "river", "city", "book", "table", "chair",
+    "runs", "sits", "sees", "likes", "finds", "takes", "red", "blue", "small", "big", "old", "new",
+    "on", "in", "under", "near", "with", "good", "great", "bad", "awful",
+]
+CUES = {"good": 1, "great": 1, "bad": 0, "awful": 0}
+NEUTRAL = [w for w in WORDS if w not in CUES]
+
+
+def write_vocab(directory: Path) -> Path:
+    path = Path(directory) / "vocab.txt"
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    path.write_text("\n".join(specials + WORDS) + "\n", encoding="utf-8")
+    return path
+
+
+def tokenizer(directory: Path):
+    import transformers
+
+    return transformers.BertTokenizerFast(vocab=str(write_vocab(directory)), do_lower_case=True)
+
+
+def sentences(n: int, seed: int) -> tuple[list[str], list[int]]:
+    """Sentiment-like task: the label is the polarity of the single cue word placed among neutral words."""
+    rng = random.Random(seed)
+    texts, labels = [], []
+    for i in range(n):
+        words = [rng.choice(NEUTRAL) for _ in range(rng.randint(4, 9))]
+        cue = rng.choice(sorted(CUES))
+        words.insert(rng.randrange(len(words) + 1), cue)
+        texts.append(" ".join(words))
+        labels.append(CUES[cue])
+    return texts, labels
+
+
+def encoded(tok, n: int, seed: int, max_length: int = 16):
+    import datasets
+
+    texts, labels = sentences(n, seed)
+    enc = tok(texts, truncation=True, max_length=max_length, padding="max_length")
+    return datasets.Dataset.from_dict({**dict(enc), "labels": labels, "idx": list(range(n))})
+
+
+def bert_config(vocab_size: int, layers: int, hidden: int = 32, heads: int = 2, inter: int = 64, **kw):
+    import transformers
+
+    return transformers.BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=inter,
+        max_position_embeddings=64,
+        **kw,
+    )
+
+
+def classifier(vocab_size: int, layers: int, seed: int = 0, **kw):
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    return transformers.BertForSequenceClassification(bert_config(vocab_size, layers, num_labels=2, **kw))
+
+
+FAST = dict(disable_tqdm=True, logging_steps=5, save_total_limit=1, dataloader_num_workers=0)
+
+# ------------------------------------------------------------------------------------------------ pipeline projects
+
+#: One student per recipe: the end-to-end project (tests/conftest.py::prefect_project), built once per session.
+MICRO = {
+    "seed": 7,
+    "data": {"source": "demo", "tasks": ["demo"], "max_length": 24, "demo_train": 600, "demo_dev": 100,
+             "demo_test": 40},
+    "corpus": {"source": "demo", "demo_documents": 80},
+    "teacher": {"init": "scratch", "shape": {"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64},
+                "vocab_size": 300},
+    "pretrain": {"epochs": 1, "lr": 1e-3, "batch_size": 32, "max_length": 32},
+    "finetune": {"epochs": 5, "lr": 3e-3, "batch_size": 32, "warmup_ratio": 0.1},  # passes the gate: 0.85 vs 0.5
+    "word_vectors": {"source": "corpus", "dim": 8},
+    "augment": {"n_aug": 2, "max_examples": 40},
+    "students": {  # one student per recipe
+        "micro": {"recipe": "tinybert", "shape": {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 32}},
+        "micro-minilm": {"recipe": "minilm", "shape": {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 32}},
+        "micro-distilbert": {"recipe": "distilbert", "init": {"teacher_layers": [1]},
+                             "shape": {"layers": 1, "hidden": 32, "heads": 2, "intermediate": 64, "arch": "distilbert"}},
+        "micro-mobilebert": {"recipe": "mobilebert", "shape": {"preset": "mobilebert-tiny", "layers": 2, "hidden": 32,
+                                                               "heads": 2, "intermediate": 16, "intra": 8,
+                                                               "embedding": 32}},
+    },
+    "general_distillation": {"epochs": 1, "lr": 1e-3, "batch_size": 32, "max_length": 32},
+    "task_distillation": {"intermediate": {"epochs": 1, "lr": 1e-3, "batch_size": 32},
+                          "prediction": {"lrs": [1e-3], "batch_sizes": [32], "epochs": 1},
+                          "finetune": {"lrs": [1e-3], "batch_sizes": [32], "epochs": 1}},
+    "evaluation": {"latency_batch_sizes": [1], "latency_seq_len": 16},
+}
+
+#: The TinyBERT student alone, at the smallest sizes: every kind of stage still runs for real (data, MLM
+#: pre-training, fine-tuning, augmentation, both distillations, evaluation, registry, report) for the tests of
+#: caching, scheduling, orchestration, DVC, Dask, resume, the deployment worker and bad input. The teacher only has to
+#: be no worse than trivial; no direct baselines, ONNX export or latency unless a test asks for them.
+ONE_STUDENT = {
+    **MICRO,
+    "data": {**MICRO["data"], "demo_train": 200, "demo_dev": 60},
+    "finetune": {"epochs": 2, "lr": 3e-3, "batch_size": 32, "warmup_ratio": 0.1, "min_gain_over_trivial": 0.0},
+    "students": {"micro": MICRO["students"]["micro"]},
+    "evaluation": {**MICRO["evaluation"], "baselines": False, "latency": False, "export_onnx": False},
+}
+
+#: ONE_STUDENT with resume points in every long stage (tests/test_resume.py), long enough to be killed in the middle:
+#: the one-student project that `dvc repro` builds once per session (tests/conftest.py::one_student_project).
+RESUME = {
+    **ONE_STUDENT,
+    "data": {**ONE_STUDENT["data"], "demo_train": 300, "demo_dev": 60},
+    "finetune": {"epochs": 6, "lr": 5e-3, "batch_size": 32, "warmup_ratio": 0.1, "min_gain_over_trivial": 0.0,
+                 "checkpoint_steps": 5},
+    "augment": {"n_aug": 2, "max_examples": 60, "shard_size": 4},
+    "general_distillation": {**MICRO["general_distillation"], "epochs": 2, "checkpoint_steps": 4},
+    "task_distillation": {"intermediate": {"epochs": 1, "lr": 1e-3, "batch_size": 32},
+                          "prediction": {"lrs": [1e-3, 2e-3], "batch_sizes": [32], "epochs": 2,
+                                         "checkpoint_steps": 4}},
+    "evaluation": {"baselines": False, "latency": False, "export_onnx": False},
+    "registry": {"enabled": False},
+}
+
+
+def make_project(tmp: Path, params: dict | None = None, *, dvc_yaml: bool = True) -> Path:
+    """`tmp` holding copies of the pipeline's packages and `params` (MICRO by default) as params.yaml; with
+    `dvc_yaml`, the dvc.yaml these params declare."""
+    for name in ("distillery", "tasks", "flows"):
+        shutil.copytree(ROOT / name, tmp / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp / "params.yaml").write_text(yaml.safe_dump(params or MICRO))
+    if dvc_yaml:
+        run([sys.executable, "-m", "flows.dvc"], tmp)  # dvc.yaml for these params, from the stage declarations
+    return tmp
+
+
+def env_for(project: Path) -> dict[str, str]:
+    """The environment of a pipeline command in `project` (the project's own PREFECT_HOME and MLflow database), its
+    micro models on one intra-op thread: as fast as two on an idle 2-core machine, and many times faster on a busy
+    one (two OpenMP threads that share a core with another process wait on each other at every operation)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    env["PYTHONPATH"] = str(project)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def run(cmd: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, env=env_for(cwd), capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return proc
+
+
+def stamp_times(project: Path) -> dict[str, int]:
+    """Each stage stamp of `project` and its modification time: a stage that runs again rewrites its stamp."""
+    return {p.name: p.stat().st_mtime_ns for p in (project / ".prefect" / "stamps").iterdir()}
+
+
+@contextlib.contextmanager
+def scratch(project: Path) -> Iterator[Path]:
+    """`project`, free to change until the block ends; then it is back as it was. A stage's cache key holds the
+    absolute paths of its inputs, so a copy elsewhere would find every stage stale: the copy takes the project's
+    place, the original waits beside it and comes back afterwards."""
+    kept = project.with_name(project.name + ".kept")
+    project.rename(kept)
+    try:
+        shutil.copytree(kept, project, symlinks=True)
+        yield project
+    finally:
+        shutil.rmtree(project, ignore_errors=True)
+        kept.rename(project)
+
+
+#: What a pipeline's console may print besides progress bars: stage events, the registry's decisions, the summary.
+EVENT_LINE = re.compile(r"^([a-z_]+(\[[^]]+\])?: (started|done in \d+ s)|register \S+ version \d+: .+|"
+                        r"pipeline finished in .+)$")
+
+
+def stage_lines(console: str) -> list[str]:
+    """The console's lines other than progress bars (tqdm redraws with carriage returns)."""
+    lines = [line.strip() for line in console.replace("\r", "\n").splitlines()]
+    return [line for line in lines if line and not any(bar in line for bar in ("it/s]", "s/it]", "ex/s]", "%|"))]
