@@ -63,6 +63,10 @@ def check_saved_model(model_dir: str | os.PathLike) -> Path:
     cfg_path = model_dir / "config.json"
     if not cfg_path.is_file():
         raise InputNotFoundError(f"{model_dir}: not a saved model directory (no config.json)")
+    try:
+        json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ExportError(f"{cfg_path}: invalid JSON ({exc})") from exc
     check_weights(model_dir)
     return cfg_path
 
