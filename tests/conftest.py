@@ -14,7 +14,6 @@ the others find it as it was built.
 The builds start on a background thread before the first test of a session that selected a test using them, one
 after the other, so they overlap the tests that come first (a pipeline command keeps about one of two cores busy);
 the first test that uses a project waits for it. The end of the session stops a build still running.
-DISTILLERY_TESTS_PREBUILD=0 builds each one when a test first needs it instead.
 """
 
 from __future__ import annotations
@@ -178,7 +177,7 @@ def session_projects(request: pytest.FixtureRequest, tmp_path_factory: pytest.Te
     use)."""
     projects = SessionProjects(tmp_path_factory)
     request.config.stash[SESSION_PROJECTS] = projects
-    if not hasattr(request.config, "workerinput") and os.environ.get("DISTILLERY_TESTS_PREBUILD", "1") != "0":
+    if not hasattr(request.config, "workerinput"):
         names = []
         for item in request.session.items:
             names += [name for name in getattr(item, "fixturenames", ()) if name in BUILDS and name not in names]

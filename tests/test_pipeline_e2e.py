@@ -9,10 +9,7 @@
 - a task whose teacher learned nothing is not distilled, the other tasks are;
 - the ablation command adds its variants through the same cached stages.
 
-The project's pipeline files are copied into a temporary directory so nothing touches the checkout. The checks share
-the session's projects (tests/conftest.py): `prefect_project` (MICRO, one student per recipe, built once by the flow)
-and `one_student_project` (the TinyBERT student alone, built once by `dvc repro`); a test that changes one works in
-`helpers.scratch`, which puts the project back as it was.
+The project's pipeline files are copied into a temporary directory so nothing touches the checkout.
 """
 
 from __future__ import annotations
@@ -26,6 +23,9 @@ import pytest
 import yaml
 
 from helpers import EVENT_LINE, MICRO, env_for, make_project, run, scratch, stage_lines, stamp_times
+
+# prefect_project (MICRO, one student per recipe, built once by the flow) and one_student_project (RESUME,
+# built once by `dvc repro`) are session fixtures in tests/conftest.py.
 
 
 @pytest.mark.slow
