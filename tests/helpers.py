@@ -164,13 +164,11 @@ def make_project(tmp: Path, params: dict | None = None, *, dvc_yaml: bool = True
     return tmp
 
 
-def env_for(project: Path, environ: dict[str, str] | None = None) -> dict[str, str]:
+def env_for(project: Path) -> dict[str, str]:
     """The environment of a pipeline command in `project` (the project's own PREFECT_HOME and MLflow database), its
     micro models on one intra-op thread: as fast as two on an idle 2-core machine, and many times faster on a busy
-    one (two OpenMP threads that share a core with another process wait on each other at every operation). Made from
-    `environ` (default: this process's environment)."""
-    environ = dict(os.environ if environ is None else environ)
-    env = {k: v for k, v in environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    one (two OpenMP threads that share a core with another process wait on each other at every operation)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
     env["PYTHONPATH"] = str(project)
     env.setdefault("OMP_NUM_THREADS", "1")
     return env

@@ -62,26 +62,23 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: int = 600) -> s
 
 
 class Server:
-    """A server in its own process group, started at once, answering once wait() returns, killed (group and all) by
-    stop()."""
+    """A server in its own process group, killed (group and all) by stop()."""
 
     def __init__(self, cmd: list[str], health: str, env: dict[str, str], log: Path, cwd: Path):
-        self.cmd, self.health, self.log = cmd, health, log
+        self.log = log
         self.proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
                                      start_new_session=True)
-
-    def wait(self) -> None:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise AssertionError(f"{self.cmd[0]} exited:\n{self.log.read_text()[-4000:]}")
+                raise AssertionError(f"{cmd[0]} exited:\n{log.read_text()[-4000:]}")
             try:
-                with urllib.request.urlopen(self.health, timeout=2):
+                with urllib.request.urlopen(health, timeout=2):
                     return
             except (urllib.error.URLError, OSError):
                 time.sleep(0.5)
         self.stop()
-        raise AssertionError(f"{self.health} not up after 180 s:\n{self.log.read_text()[-4000:]}")
+        raise AssertionError(f"{health} not up after 180 s:\n{log.read_text()[-4000:]}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -99,6 +96,7 @@ class Server:
 class Stack:
     def __init__(self, tmp: Path, request: pytest.FixtureRequest):
         self.tmp, self.project = tmp, tmp / "project"
+        self.make_project()
         prefect_port, mlflow_port = free_port(), free_port()
         self.api = f"http://127.0.0.1:{prefect_port}/api"
         self.mlflow_uri = f"http://127.0.0.1:{mlflow_port}"
@@ -115,9 +113,6 @@ class Stack:
              "--artifacts-destination", str(self.artifacts)],
             f"{self.mlflow_uri}/health", clean_env(), tmp / "mlflow-server.log", tmp)
         request.addfinalizer(self.mlflow.stop)
-        self.make_project()  # while both servers start
-        self.prefect.wait()
-        self.mlflow.wait()
         self.env = clean_env(PREFECT_HOME=str(home), PREFECT_API_URL=self.api, MLFLOW_TRACKING_URI=self.mlflow_uri,
                              PYTHONPATH=str(self.project))
         run([*PREFECT, "work-pool", "create", POOL, "--type", "process"], tmp, self.env)
