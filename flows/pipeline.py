@@ -45,19 +45,23 @@ from tasks.stage import Stage, is_fresh, stage_key
 PRESETS_DIR = env.ROOT / "params"
 
 
-#: Keys the Prefect cache-key function computed, for the task body that follows it (one key per stage run).
-_KEYS: dict[tuple[str, str | None, int], str] = {}
+#: The key the Prefect cache-key function computed, with the params it was computed for, for the task body that
+#: follows it (one key per stage run). One entry per (stage, item): a cache hit's entry is overwritten next run.
+_KEYS: dict[tuple[str, str | None], tuple[Params, str]] = {}
 
 
 def _prefect_task(stage: Stage):
     def key(_context, parameters: dict[str, Any]) -> str:
         params, item = parameters["params"], parameters["item"]
-        _KEYS[(stage.name, item, id(params))] = k = stage_key(stage, params, item)
+        k = stage_key(stage, params, item)
+        _KEYS[(stage.name, item)] = (params, k)
         return k
 
     @task(name=stage.name, cache_key_fn=key, persist_result=True, result_serializer="json")
     def run(params: Params, item: str | None, parent_run_id: str | None, say_cached: bool) -> dict[str, Any]:
-        k = _KEYS.pop((stage.name, item, id(params)), None) or stage_key(stage, params, item)
+        computed_for, k = _KEYS.pop((stage.name, item), (None, None))
+        if computed_for is not params:  # another flow run's key, or none: compute it here
+            k = stage_key(stage, params, item)
         if stage.device and not is_fresh(stage, params, item, k):
             slots = device_slots(params.orchestration.device_slots)
             return slots.run(execute, stage, params, item, parent_run_id, say_cached=say_cached, key=k,

@@ -358,14 +358,17 @@ class Recipe(Section):
         from distillery.training.distill import distill
         from distillery.training.spec import TrainRun
 
-        source = str(ctx.inputs.get("teacher_assistant", ctx.teacher))
         tokenizer = AutoTokenizer.from_pretrained(ctx.teacher)
-        teacher = AutoModel.from_pretrained(source)
+        teacher = AutoModel.from_pretrained(str(self.general_teacher(ctx)))
         model = self.start_student(teacher, tokenizer, head="base")
         train, n = corpus_dataset(ctx, tokenizer)
         spec = self.layer_wise_spec(num_layers(model), num_layers(teacher))
         distill(teacher, model, spec, TrainRun(ctx.out, train, tokenizer=tokenizer, args=ctx.args))
         return {"metrics": {"sequences": n}}
+
+    def general_teacher(self, ctx: StageContext):
+        """The model general distillation distils from: the pipeline's teacher (MiniLM: its assistant, when used)."""
+        return ctx.teacher
 
     def start_student(self, teacher, tokenizer, *, head: str = "base", **head_kwargs: Any):
         """The student before training, as ``init`` says: random weights of ``shape``; the teacher's embeddings and

@@ -75,6 +75,10 @@ class MiniLMRecipe(Recipe):
         first = {"teacher_assistant": StudentStage(self.assistant_stage)} if self.assistant_dims(teacher) else {}
         return {**first, **super().stages(teacher)}
 
+    def general_teacher(self, ctx: StageContext):
+        """Sec. 3.3: with an assistant, the student is distilled from it instead of the teacher."""
+        return ctx.inputs.get("teacher_assistant", ctx.teacher)
+
     def assistant_stage(self, ctx: StageContext) -> dict[str, Any]:
         """The teacher assistant: an L-layer, d'-wide model distilled from the teacher with the student's
         objectives; the student's general distillation then reads it instead of the teacher."""
