@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "distillery.glue.cli",
     "distillery.augment.cli",
     "distillery.efficiency.cli",
+    "distillery.squad.cli",
 ]
 
 
