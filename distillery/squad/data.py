@@ -283,12 +283,12 @@ def article_groups(squad: SquadFile) -> list[list[int]]:
 
 def split_by_article(squad: SquadFile, eval_articles: int, seed: int | None = None) -> tuple[list[int], list[int]]:
     """(train, eval) article indices: the last `eval_articles` articles of the file go to eval (seed=None), or the
-    articles of a permutation of the file's article groups seeded by `seed`, taken from its end. Articles that
-    share a title or a context stay together (`article_groups`), so eval can get a few more than asked; both sides
-    keep file order. The same file, count and seed give the same split."""
+    articles at the end of a permutation of the file's article groups seeded by `seed`. Articles that share a title
+    or a context stay together (`article_groups`), so eval can get a few more than asked; both sides keep file
+    order. The same file, count and seed give the same split."""
     if eval_articles < 1:
         raise ValueError(f"eval_articles must be >= 1, got {eval_articles}")
-    groups = article_groups(squad)
+    groups = sorted(article_groups(squad), key=lambda g: g[-1])  # the group of the file's last article last
     if seed is not None:
         order = np.random.default_rng(seed).permutation(len(groups))
         groups = [groups[i] for i in order]
@@ -350,7 +350,7 @@ def _from_hub_split(ds: datasets.Dataset, source: str, version: str) -> datasets
         if len(pairs) != len(answers["text"]) or len(pairs) != len(answers["answer_start"]):
             raise SquadFileError(f"{source}: question {qid}: answers text and answer_start differ in length")
         check_question(source, qid, context, pairs, version)
-    return ds.cast(FEATURES)
+    return ds if ds.features == FEATURES else ds.cast(FEATURES)
 
 
 def gold_answers(ds: datasets.Dataset) -> dict[str, list[str]]:

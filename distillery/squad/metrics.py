@@ -232,12 +232,14 @@ def write_predictions(path: str | os.PathLike, predictions: Mapping[str, str],
     odds to `null_odds_path` (default `null_odds.json` beside it); each file atomically, in the given order (the
     order breaks ties in `find_best_thresh`). Returns the paths written."""
     preds = _check_predictions(predictions, str(path))
-    written = [write_text(path, json.dumps(preds, indent=2, ensure_ascii=False) + "\n")]
-    if null_odds is not None:
+    odds = None
+    if null_odds is not None:  # both checked before either is written
         odds = _check_null_odds(null_odds, "null odds")
         lacking = [qid for qid in preds if qid not in odds]
         if lacking:
             raise ValueError(f"null odds lack {len(lacking)} predicted questions (first: {lacking[0]})")
+    written = [write_text(path, json.dumps(preds, indent=2, ensure_ascii=False) + "\n")]
+    if odds is not None:
         target = Path(path).with_name("null_odds.json") if null_odds_path is None else Path(null_odds_path)
         written.append(write_text(target, json.dumps(odds, indent=2, ensure_ascii=False) + "\n"))
     return written
