@@ -349,7 +349,9 @@ def test_cli_bad_input_is_one_error_line(tmp_path, capsys):
     doc["data"][0]["paragraphs"][0]["qas"][1]["answers"][0]["answer_start"] = 3
     bad.write_text(json.dumps(doc))
     (tmp_path / "broken.json").write_text("{")
-    before = sorted(tmp_path.rglob("*"))
+    preds3, odds = tmp_path / "p3.json", tmp_path / "odds.json"
+    preds3.write_text(json.dumps({"q1": "x", "q2": "y", "q3": ""}))
+    odds.write_text(json.dumps({"q1": 0.5, "q2": -1}))
     cases = [
         (["squad", "stats", str(bad)], rf"error: {bad}: question q2: answer 1 'Paris' is not at its answer_start 3"),
         (["squad", "evaluate", str(bad), str(preds)], rf"error: {bad}: question q2: answer 1 'Paris'"),
@@ -360,6 +362,12 @@ def test_cli_bad_input_is_one_error_line(tmp_path, capsys):
          r"error: .*null odds are a SQuAD v2.0 input"),
         (["squad", "stats", str(_write_doc(tmp_path / "v2.json", "2.0")), "--version", "1.1"],
          r"error: .*v2.json: question q3: is marked is_impossible"),
+        (["squad", "evaluate", str(tmp_path / "v2.json"), str(preds)],
+         rf"error: {preds}: no prediction for 2 of 3 questions \(first: question q2\)"),
+        (["squad", "evaluate", str(tmp_path / "v2.json"), str(preds3), "--na-prob-file", str(odds)],
+         rf"error: {odds}: no null odds for 1 of 3 questions \(first: question q3\)"),
+        (["squad", "evaluate", str(tmp_path / "v2.json"), str(preds3), "--na-prob-file", str(preds3)],
+         rf"error: {preds3}: question q1: the null odds must be a finite number, got 'x'"),
     ]
     before = sorted(tmp_path.rglob("*"))
     for argv, match in cases:

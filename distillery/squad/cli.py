@@ -27,14 +27,22 @@ def _evaluate(args: argparse.Namespace) -> int:
     if squad.version == "1.1" and args.na_prob_file is not None:
         raise SquadFileError(f"{args.na_prob_file}: null odds are a SQuAD v2.0 input, and {args.data_file} is v1.1")
     na_probs = read_null_odds(args.na_prob_file) if args.na_prob_file is not None else None
+    missing = missing_predictions(gold, predictions)
     if squad.version == "1.1":
-        missing = missing_predictions(gold, predictions)
         if missing:  # the official script says so per question; one line here
             print(f"warning: {len(missing)} of {len(gold)} questions have no prediction and score 0 (first: "
                   f"{missing[0]})", file=sys.stderr)
         print(json.dumps(evaluate(gold, predictions, "1.1")))
-    else:
-        print(json.dumps(evaluate(gold, predictions, "2.0", na_probs, args.na_prob_thresh), indent=2))
+        return 0
+    if missing:
+        raise SquadFileError(f"{args.predictions_file}: no prediction for {len(missing)} of {len(gold)} questions "
+                             f"(first: question {missing[0]}); the v2.0 evaluation needs one for every question "
+                             "(\"\" = no answer)")
+    lacking = [qid for qid in gold if na_probs is not None and qid not in na_probs]
+    if lacking:
+        raise SquadFileError(f"{args.na_prob_file}: no null odds for {len(lacking)} of {len(gold)} questions (first: "
+                             f"question {lacking[0]})")
+    print(json.dumps(evaluate(gold, predictions, "2.0", na_probs, args.na_prob_thresh), indent=2))
     return 0
 
 

@@ -46,9 +46,8 @@ FEATURES = datasets.Features({
     "title": datasets.Value("string"),
     "context": datasets.Value("string"),
     "question": datasets.Value("string"),
-    "answers": {"text": datasets.List(datasets.Value("string")),
-                "answer_start": datasets.List(datasets.Value("int32"))},
-})
+    "answers": datasets.Sequence({"text": datasets.Value("string"), "answer_start": datasets.Value("int32")}),
+})  # as the Hub's squad / squad_v2 declare it: a struct of two lists
 
 LAYOUT = ('{"version": ..., "data": [{"title": ..., "paragraphs": [{"context": ..., "qas": [{"id": ..., '
           '"question": ..., "answers": [{"text": ..., "answer_start": ...}]}]}]}]}')
