@@ -123,7 +123,8 @@ QA = ("data", 0, "paragraphs", 0, "qas")
     (_set(v1_doc(), QA + (1, "answers", 0, "answer_start"), "7"), None,
      r"question c2: answer 1: 'answer_start' must be a int, got str"),
     (_set(v1_doc(), QA + (0, "answers", 1, "answer_start"), 16), None,
-     r"question c1: answer 2 'the mat' is not at its answer_start 16 in the context \(the context has 'he mat\.' there\)$"),
+     r"question c1: answer 2 'the mat' is not at its answer_start 16 in the context "
+     r"\(the context has 'he mat\.' there\)$"),
     (_set(v1_doc(), QA + (0, "answers", 0, "answer_start"), len(CATS) - 2), None,
      r"question c1: answer 1 'on the mat' is not at its answer_start"),
     (_set(v1_doc(), ("data", 0, "paragraphs", 0, "context"), " \n "), None, r"question c1: empty context"),
@@ -207,7 +208,7 @@ def test_load_hub_squad_and_squad_v2(monkeypatch):
                                              r"SQuAD v2\.0 allows"):
         load_hub("1.1", path="mirror/squad_v2")
     train[0] = ("h1", "Cats", CATS, "Where?", ["on the mat"], [13])
-    with pytest.raises(SquadFileError, match=r"^rajpurkar/squad\[train\]: question h1: answer 1 'on the mat' is not at"):
+    with pytest.raises(SquadFileError, match=r"^rajpurkar/squad\[train\]: question h1: answer 1 'on the mat' is not"):
         load_hub("1.1")
     with pytest.raises(ValueError, match="unknown split 'test'"):
         load_hub("1.1", splits=["test"])

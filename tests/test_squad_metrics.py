@@ -2,6 +2,7 @@
 sentence baseline and the `distillery squad` commands; gold answers and the baseline on the real dev-v1.1.json."""
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -9,11 +10,10 @@ import pytest
 
 from distillery.cli import main as cli_main
 from distillery.squad import (
-    evaluate, evaluate_v1, evaluate_v2, exact_match, f1_score, find_best_thresh, gold_answers, normalize_answer,
-    null_odds, postprocess, prediction_texts, read_null_odds, read_predictions, read_squad, sentence_baseline,
-    split_sentences, write_predictions,
+    SquadFileError, evaluate, evaluate_v1, evaluate_v2, exact_match, f1_score, find_best_thresh, gold_answers,
+    normalize_answer, null_odds, postprocess, prediction_texts, read_null_odds, read_predictions, read_squad,
+    sentence_baseline, split_sentences, write_predictions,
 )
-from distillery.squad import SquadFileError
 
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 DEV = SHARED / "squad" / "dev-v1.1.json"
@@ -356,7 +356,8 @@ def test_cli_bad_input_is_one_error_line(tmp_path, capsys):
         (["squad", "stats", str(bad)], rf"error: {bad}: question q2: answer 1 'Paris' is not at its answer_start 3"),
         (["squad", "evaluate", str(bad), str(preds)], rf"error: {bad}: question q2: answer 1 'Paris'"),
         (["squad", "evaluate", str(data), str(tmp_path / "broken.json")], rf"error: {tmp_path}/broken.json:1:2: "),
-        (["squad", "evaluate", str(data), str(tmp_path / "nope.json")], r"error: predictions file .*nope.json not found"),
+        (["squad", "evaluate", str(data), str(tmp_path / "nope.json")],
+         r"error: predictions file .*nope.json not found"),
         (["squad", "stats", str(tmp_path / "nope.json")], r"error: SQuAD file .*nope.json not found"),
         (["squad", "evaluate", str(data), str(preds), "--na-prob-file", str(preds)],
          r"error: .*null odds are a SQuAD v2.0 input"),
@@ -375,6 +376,6 @@ def test_cli_bad_input_is_one_error_line(tmp_path, capsys):
         captured = capsys.readouterr()
         lines = captured.err.splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
-        assert __import__("re").match(match, lines[0]), (lines[0], match)
+        assert re.match(match, lines[0]), (lines[0], match)
         assert captured.out == ""
     assert sorted(tmp_path.rglob("*")) == before  # nothing written

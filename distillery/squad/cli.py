@@ -57,8 +57,8 @@ def register(subparsers) -> None:
     stats.add_argument("--version", **version)
     stats.add_argument("--json", action="store_true", help="print the counts as JSON")
     stats.set_defaults(func=_stats)
-    ev = sub.add_parser("evaluate", help="the official evaluation of a predictions file; prints its JSON "
-                                         "(v1.1: exact_match and f1, 0-100; v2.0: exact, f1, HasAns_*, NoAns_*, best_*)")
+    ev = sub.add_parser("evaluate", help="the official evaluation of a predictions file; prints its JSON (v1.1: "
+                                         "exact_match and f1, 0-100; v2.0: exact, f1, HasAns_*, NoAns_*, best_*)")
     ev.add_argument("data_file", help="the official SQuAD JSON file the predictions answer")
     ev.add_argument("predictions_file", help="JSON {question id: answer text} (\"\" = no answer)")
     ev.add_argument("--na-prob-file", default=None, help="v2.0: JSON {question id: null odds} (null_odds.json)")

@@ -26,6 +26,9 @@ import datasets
 import numpy as np
 
 
+Table = datasets.Dataset | Mapping[str, Sequence]  # columns by name
+
+
 @dataclass(frozen=True)
 class Answer:
     text: str
@@ -71,9 +74,8 @@ def _softmax(scores: Sequence[float]) -> np.ndarray:
     return x / x.sum()
 
 
-def postprocess(examples: datasets.Dataset | Mapping[str, Sequence], features: datasets.Dataset | Mapping[str, Sequence],
-                start_logits, end_logits, *, version: str = "1.1", n_best: int = 20, max_answer_length: int = 30,
-                null_threshold: float = 0.0) -> dict[str, Answer]:
+def postprocess(examples: Table, features: Table, start_logits, end_logits, *, version: str = "1.1",
+                n_best: int = 20, max_answer_length: int = 30, null_threshold: float = 0.0) -> dict[str, Answer]:
     """{question id: Answer} for every question of `examples` ({"id", "context"} columns), from the logits of its
     eval `features` ({"example_id", "offset_mapping"} columns, `distillery.squad.features.eval_features`).
 
