@@ -36,6 +36,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from distillery.config import ConfigError, Params, load_params
 from distillery.errors import EXIT_USER_ERROR, UserError, debug_requested, report
+from flows import api_server
 from flows import dvc as dvc_lock
 from flows.stages import STAGES, Node, upstream
 from tasks import paths, tracking
@@ -157,13 +158,24 @@ def submit_stages(runner, p: Params, parent_run_id: str) -> dict[Node, Any]:
     return futures
 
 
+#: the result of the last flow body that ran to its end, for `main` when the server lost the flow run's final state
+_FINISHED: dict[str, dict[str, Any]] = {}
+
+
 @flow(name="distillery-pipeline")
 def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
     """Run every stage as a DAG (see `submit_stages`). A user error (bad params, input file, model) stops the run: its
     one-line message is printed last (``error: ...``) and returned in the result's "stopped"; stages that do not
     depend on the failed one still finish. A task whose teacher failed the gate is not distilled, the others are; the
     run ends with one line per such task (``teacher gate: ...``), or, with `finetune.stop_on_failed_gate`, with them
-    as ``error:`` lines and the result's "stopped" (exit code 2)."""
+    as ``error:`` lines and the result's "stopped" (exit code 2). A Prefect API server that goes away meanwhile is
+    one console line (flows.api_server); the stages go on."""
+    api_server.install()
+    _FINISHED["result"] = result = _pipeline(params_file)
+    return result
+
+
+def _pipeline(params_file: str) -> dict[str, Any]:
     try:
         p = load_params(params_file, inputs=True, root=env.ROOT)
     except UserError as exc:
@@ -231,7 +243,17 @@ def _stopped(messages: list[str], timings: dict[str, float]) -> dict[str, Any]:
 
 
 def _publish(p: Params) -> None:
-    """The report as Prefect artifacts (a Markdown table and the summary as a table)."""
+    """The report as Prefect artifacts (a Markdown table and the summary as a table); none when the API server is
+    gone (after the client's retries: a restarted server gets them)."""
+    try:
+        _artifacts()
+    except Exception as exc:
+        if not api_server.unreachable(exc):
+            raise
+        api_server.GONE.say_once()
+
+
+def _artifacts() -> None:
     import json
 
     table = paths.REPORTS / "table.md"
@@ -294,12 +316,20 @@ def main(argv: list[str] | None = None) -> int:
         return report(exc)
     if not debug:
         quiet_user_error_tracebacks()
+    _FINISHED.clear()
     try:
         result = pipeline(str(Path(path)))  # prints its `error:` lines when a user error stops it
     except UserError as exc:
         if debug:
             raise
         return report(exc)
+    except Exception as exc:
+        if debug or not api_server.unreachable(exc):
+            raise
+        if "result" not in _FINISHED:  # the flow body stopped on the lost server
+            return report(UserError(f"the Prefect API server ({api_server.url()}) went away and the run stopped; the "
+                                    "stages that finished are kept: run the same command again to run the rest"))
+        result = _FINISHED["result"]  # every stage ran; only the flow run's final state did not reach the server
     return EXIT_USER_ERROR if result.get("stopped") else 0
 
 
