@@ -1,11 +1,14 @@
-"""Serve the pipeline on a schedule (one long-lived process; works offline):
+"""Serve the pipeline on a schedule (one long-lived process beside a Prefect server; works offline):
 
-    python -m flows.deploy --cron "0 3 * * *" [--params params.yaml | --preset local]
+    prefect server start                                   # the scheduler: creates the runs on time
+    export PREFECT_API_URL=http://127.0.0.1:4200/api
+    python -m flows.deploy --cron "0 3 * * *" [--params params.yaml | --preset local]   # keep it running
 
 Each scheduled run executes `flows.pipeline.pipeline` with the chosen params file; unchanged stages hit the
 Prefect cache, so a nightly run only recomputes what new data, code or params changed. `flow.serve` needs no work
-pool and no worker; for a Prefect server with work pools and workers (other machines, GPUs, containers), deploy
-from prefect.yaml instead: see the README ("Scale out").
+pool and no worker, but it needs a Prefect server: without PREFECT_API_URL Prefect would serve on an ephemeral
+server, which runs no scheduler (the cron would never fire), so this command refuses. For work pools and workers
+(other machines, GPUs, containers), deploy from prefect.yaml instead: see the README ("Scale out").
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import sys
 from tasks import env
 
 from distillery.config import load_params
-from distillery.errors import ArgumentParser, debug_requested, run_main
+from distillery.errors import ArgumentParser, UserError, debug_requested, run_main
 from flows.pipeline import add_params_options, params_path, pipeline
 
 
@@ -35,6 +38,41 @@ def cron_expression(text: str) -> str:
     return text
 
 
+def scheduling_server() -> str:
+    """The API URL of the Prefect server whose scheduler will create the runs; a UserError when there is none.
+
+    With no PREFECT_API_URL, `serve` runs on Prefect's ephemeral server, which starts none of the server's
+    scheduling services: Prefect only logs a warning and the process would wait forever for runs nobody creates."""
+    from prefect import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    start = "start one with `prefect server start` and set PREFECT_API_URL=http://127.0.0.1:4200/api"
+    url = PREFECT_API_URL.value()
+    if not url:
+        raise UserError("python -m flows.deploy: PREFECT_API_URL is not set: a schedule needs a running Prefect "
+                        f"server (the ephemeral one Prefect starts without it has no scheduler); {start}")
+    with get_client(sync_client=True) as client:
+        failure = client.api_healthcheck()
+    if failure is not None:
+        why = " ".join(f"{type(failure).__name__}: {failure}".split())  # one line (an HTTP error has several)
+        raise UserError(f"python -m flows.deploy: no Prefect server answers at PREFECT_API_URL={url} ({why}); "
+                        f"{start}, or point PREFECT_API_URL at yours")
+    return url
+
+
+def pause(deployment: str) -> None:
+    """Pause the served deployment once this process stops (Ctrl-C, SIGTERM): its runs would otherwise pile up as
+    late runs that a later `serve` starts all at once. `serve` pauses it too, but not reliably on SIGTERM (measured:
+    a SIGTERM soon after a run left it active); serving it again resumes it. Best effort: the server may be gone."""
+    from prefect import get_client
+
+    try:
+        with get_client(sync_client=True) as client:
+            client.pause_deployment(client.read_deployment_by_name(deployment).id)
+    except Exception:  # noqa: BLE001 - nothing to pause, or no server to tell
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m flows.deploy", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -48,7 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     def go() -> int:
         path = params_path(args.params, args.preset)
         load_params(path, inputs=True, root=env.ROOT)
-        pipeline.serve(name=args.name, cron=args.cron, parameters={"params_file": path})
+        scheduling_server()
+        try:
+            pipeline.serve(name=args.name, cron=args.cron, parameters={"params_file": path})
+        finally:
+            pause(f"{pipeline.name}/{args.name}")
         return 0
 
     return run_main(go, debug=args.debug or debug_requested([]))

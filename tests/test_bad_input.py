@@ -369,6 +369,38 @@ def test_deploy_refuses_a_bad_cron_before_anything_starts(cron, capsys, monkeypa
     assert err[0].startswith(f"error: python -m flows.deploy: argument --cron: {cron!r} is not a valid cron expression")
 
 
+def test_deploy_refuses_to_serve_a_schedule_no_server_would_fire(tmp_path):
+    """Without PREFECT_API_URL, Prefect serves on an ephemeral server that has no scheduler: it only logs a warning
+    and the process waits forever for runs nobody creates. flows.deploy refuses instead, naming what to start."""
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(ONE_STUDENT))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "DISTILLERY_"))}
+    env.update(PYTHONPATH=str(ROOT), PREFECT_HOME=str(tmp_path / "prefect-home"))
+    proc = subprocess.run([sys.executable, "-m", "flows.deploy", "--cron", "* * * * *", "--params", "params.yaml"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and error_lines(proc.stderr) == [
+        "error: python -m flows.deploy: PREFECT_API_URL is not set: a schedule needs a running Prefect server (the "
+        "ephemeral one Prefect starts without it has no scheduler); start one with `prefect server start` and set "
+        "PREFECT_API_URL=http://127.0.0.1:4200/api"], proc.stderr[-3000:]
+    assert not (tmp_path / "prefect-home" / "prefect.db").exists()  # no ephemeral server was started
+
+
+def test_deploy_refuses_when_no_server_answers_at_the_api_url(tmp_path, capsys, monkeypatch):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    import flows.deploy as deploy
+
+    def started(*_a, **_k):
+        raise AssertionError("served although no server answers")
+
+    monkeypatch.setattr(deploy.pipeline, "serve", started)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(ONE_STUDENT))
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):  # port 9: nothing listens
+        rc = deploy.main(["--params", str(tmp_path / "params.yaml")])
+    assert_one_error(rc, error_lines(capsys.readouterr().err),
+                     "python -m flows.deploy: no Prefect server answers at PREFECT_API_URL=http://127.0.0.1:9/api (",
+                     "start one with `prefect server start` and set PREFECT_API_URL=http://127.0.0.1:4200/api")
+
+
 @pytest.mark.parametrize("module", ["flows.ablation", "flows.deploy"])
 def test_ablation_and_deploy_share_the_error_boundary(module, capsys):
     """An unknown preset: one error line, exit code 2, no traceback, for every command of the flows."""

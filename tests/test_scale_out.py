@@ -6,7 +6,10 @@
   the champion loads through it with `mlflow.pyfunc`; the pipeline run carries its git commit;
 - a local-directory DVC remote: the outputs are committed, pushed, deleted and pulled back; `dvc repro` then runs
   no stage, and a second deployment run is all cache hits (Prefect's `Cached` state for every task run), its
-  MLflow run tagged with the hash of the `dvc.lock` it started from.
+  MLflow run tagged with the hash of the `dvc.lock` it started from;
+- schedules that fire: the server's scheduler creates a flow run every minute for `python -m flows.deploy --cron
+  "* * * * *"` (flow.serve, the process running beside the server) and for the `nightly` deployment deployed with
+  `--cron "* * * * *"` and a long-running `prefect worker start`; each run starts on time and completes.
 
 One module-scoped stack (servers, project copy, first run) serves the tests; every server dies with the module.
 """
@@ -24,6 +27,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -62,12 +66,15 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: int = 600) -> s
 
 
 class Server:
-    """A server in its own process group, killed (group and all) by stop()."""
+    """A server (or any long-running command) in its own process group, killed (group and all) by stop(); with a
+    `health` URL, up once that URL answers."""
 
-    def __init__(self, cmd: list[str], health: str, env: dict[str, str], log: Path, cwd: Path):
+    def __init__(self, cmd: list[str], health: str | None, env: dict[str, str], log: Path, cwd: Path):
         self.log = log
         self.proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
                                      start_new_session=True)
+        if health is None:
+            return
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -102,10 +109,11 @@ class Stack:
         self.mlflow_uri = f"http://127.0.0.1:{mlflow_port}"
         self.artifacts = tmp / "mlflow-artifacts"
         home = tmp / "prefect-home"
+        # the server's scheduler at its defaults (on; a new or changed deployment's runs are created within 5 s, by
+        # its recent-deployments loop): the tests of schedules below see what a user gets
         self.prefect = Server(
             [*PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
-            f"{self.api}/health", clean_env(PREFECT_HOME=str(home), PREFECT_API_SERVICES_SCHEDULER_ENABLED="false"),
-            tmp / "prefect-server.log", tmp)
+            f"{self.api}/health", clean_env(PREFECT_HOME=str(home)), tmp / "prefect-server.log", tmp)
         request.addfinalizer(self.prefect.stop)
         self.mlflow = Server(
             [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
@@ -148,8 +156,26 @@ class Stack:
         with urllib.request.urlopen(req, timeout=30) as r:
             return json.load(r)
 
+    def delete(self, path: str) -> None:
+        urllib.request.urlopen(urllib.request.Request(self.api + path, method="DELETE"), timeout=30).close()
+
+    def scheduled_runs(self, deployment_id: str) -> list[dict]:
+        """The deployment's flow runs that its schedules created, the earliest expected first."""
+        runs = self.post("/flow_runs/filter", {"deployments": {"id": {"any_": [deployment_id]}},
+                                               "sort": "EXPECTED_START_TIME_ASC", "limit": 200})
+        return [r for r in runs if r["auto_scheduled"]]
+
+    def drop_due_scheduled_runs(self) -> None:
+        """`nightly` has runs the scheduler created for 03:00 UTC: should the module straddle that time, the worker
+        would pick one up beside the run a test triggers. Delete those that are due within a minute."""
+        soon = datetime.now(timezone.utc) + timedelta(minutes=1)
+        for r in self.scheduled_runs(self.deployment["id"]):
+            if r["state"]["type"] == "SCHEDULED" and datetime.fromisoformat(r["expected_start_time"]) < soon:
+                self.delete(f"/flow_runs/{r['id']}")
+
     def run_deployment(self) -> dict:
         """Trigger a flow run of the deployment, let one worker poll pick it up and run it to the end."""
+        self.drop_due_scheduled_runs()
         flow_run = self.post(f"/deployments/{self.deployment['id']}/create_flow_run", {})
         t0 = time.perf_counter()
         worker = run([*PREFECT, "worker", "start", "--pool", POOL, "--run-once"], self.tmp, self.env, timeout=600)
@@ -259,6 +285,93 @@ print(json.dumps(runs[0].data.tags))
     assert tags["dvc.lock.sha256"] == hashlib.sha256((project / "dvc.lock").read_bytes()).hexdigest()
     assert tags["git_commit"] == provenance.git_commit(project)
 
+
+# ------------------------------------------------------------------------------------------------ schedules that fire
+# Last among the stack's tests: each scheduled run is one more MLflow pipeline run (the tests above count them), and
+# all cache hits. Cron's granularity is one minute: each test waits for the next minute boundary (30 s on average).
+FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+def first_scheduled_run(stack: Stack, deployment_id: str, process: Server, timeout: float = 300) -> dict:
+    """The first run the deployment's schedule created, once it is over; `process` (the one that runs it) must
+    stay up meanwhile."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        started = [r for r in stack.scheduled_runs(deployment_id) if r["state"]["type"] != "SCHEDULED"]
+        if started and started[0]["state"]["type"] in FINAL:
+            return started[0]
+        assert process.proc.poll() is None, f"exited with {process.proc.returncode}:\n{process.log.read_text()[-6000:]}"
+        time.sleep(2)
+    raise AssertionError(f"no scheduled run over after {timeout} s: {stack.scheduled_runs(deployment_id)[:3]}\n"
+                         f"{process.log.read_text()[-6000:]}")
+
+
+def assert_on_time(stack: Stack, flow_run: dict, not_before: datetime, what: str, log: Path) -> float:
+    """A run the cron schedule created (a minute boundary after `not_before`), completed, all cache hits, started
+    at most 30 s after its expected start; returns that lateness (printed)."""
+    assert flow_run["state"]["type"] == "COMPLETED", f"{flow_run['state']}\n{log.read_text()[-6000:]}"
+    expected = datetime.fromisoformat(flow_run["expected_start_time"])
+    started = datetime.fromisoformat(flow_run["start_time"])
+    ended = datetime.fromisoformat(flow_run["end_time"])
+    assert flow_run["auto_scheduled"] and expected > not_before and expected.second == expected.microsecond == 0
+    lateness = (started - expected).total_seconds()
+    print(f"{what}: expected {expected:%H:%M:%S}, started {lateness:+.1f} s late, completed after "
+          f"{(ended - started).total_seconds():.1f} s")
+    assert -1 < lateness <= 30, f"{what} started {lateness:.1f} s after its scheduled time"
+    task_runs = stack.post("/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run["id"]]}}})
+    states = [t["state"]["name"] for t in task_runs]
+    assert len(states) == 11 and set(states) == {"Cached"}, states
+    return lateness
+
+
+def test_served_deployment_runs_on_its_cron_schedule(stack):
+    """`python -m flows.deploy` (flow.serve) with PREFECT_API_URL set: the server's scheduler creates the runs, the
+    serving process runs them; stopping it pauses the schedule."""
+    since = datetime.now(timezone.utc)
+    served = Server([sys.executable, "-m", "flows.deploy", "--name", "served", "--cron", "* * * * *"], None,
+                    stack.env, stack.tmp / "served.log", stack.project)
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # the deployment exists once the serving process has registered it
+            try:
+                deployment = stack.get("/deployments/name/distillery-pipeline/served")
+                break
+            except urllib.error.HTTPError as exc:
+                assert exc.code == 404 and time.monotonic() < deadline, served.log.read_text()[-4000:]
+                assert served.proc.poll() is None, served.log.read_text()[-4000:]
+                time.sleep(1)
+        assert deployment["work_pool_name"] is None and deployment["parameters"] == {"params_file": "params.yaml"}
+        [schedule] = deployment["schedules"]
+        assert schedule["schedule"]["cron"] == "* * * * *" and schedule["active"] and not deployment["paused"]
+        flow_run = first_scheduled_run(stack, deployment["id"], served)
+    finally:
+        served.stop()  # SIGTERM
+    assert_on_time(stack, flow_run, since, "served cron run", served.log)
+    # stopped, it paused its deployment: no runs pile up for a process that is gone (serving it again resumes it)
+    assert stack.get(f"/deployments/{deployment['id']}")["paused"]
+    assert not [r for r in stack.scheduled_runs(deployment["id"]) if r["state"]["type"] == "SCHEDULED"]
+
+
+def test_prefect_yaml_deployment_runs_on_its_cron_schedule_on_a_worker(stack):
+    """The `nightly` deployment of prefect.yaml with an every-minute cron, and a long-running worker on its pool:
+    the server's scheduler creates the run, the worker's poll (every 10 s, Prefect's default) runs it on time."""
+    since = datetime.now(timezone.utc)
+    # --cron adds a schedule to those prefect.yaml declares
+    run([*PREFECT, "--no-prompt", "deploy", "--name", "nightly", "--cron", "* * * * *"], stack.project, stack.env)
+    try:
+        deployment = stack.get(f"/deployments/name/{DEPLOYMENT}")
+        assert sorted(s["schedule"]["cron"] for s in deployment["schedules"]) == ["* * * * *", "0 3 * * *"]
+        worker = Server([*PREFECT, "worker", "start", "--pool", POOL], None, stack.env, stack.tmp / "worker.log",
+                        stack.tmp)
+        try:
+            flow_run = first_scheduled_run(stack, deployment["id"], worker)
+        finally:
+            worker.stop()
+    finally:  # back to prefect.yaml's schedule (which deletes the every-minute runs not yet started)
+        run([*PREFECT, "--no-prompt", "deploy", "--name", "nightly"], stack.project, stack.env)
+    assert flow_run["work_pool_name"] == POOL and flow_run["parameters"] == {"params_file": "params.yaml"}
+    assert_on_time(stack, flow_run, since, "worker cron run", worker.log)
+    assert [s["schedule"]["cron"] for s in stack.get(f"/deployments/{deployment['id']}")["schedules"]] == ["0 3 * * *"]
 
 def test_provenance_names_the_data_inputs_of_dvc_lock(tmp_path):
     lock = {"schema": "2.0", "stages": {
