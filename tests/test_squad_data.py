@@ -297,8 +297,9 @@ def test_features_on_small_files(tmp_path, tokenizer):
         == "Mr. Brown"
     assert (tf["start_positions"][3], tf["end_positions"][3]) == (0, 0)  # impossible: CLS
     ef = prepare_eval_features(ds, tokenizer)
-    assert ef.column_names == ["input_ids", "token_type_ids", "attention_mask", "example_id", "offset_mapping",
-                               "length"]
+    assert ef.column_names == ["input_ids", "token_type_ids", "attention_mask", "start_positions", "end_positions",
+                               "example_id", "offset_mapping", "length"]  # gold answers given: the Trainer's labels
+    assert ef["start_positions"][:] == tf["start_positions"][:] and ef["end_positions"][:] == tf["end_positions"][:]
     assert ef["example_id"][:] == ["c1", "c2", "d1", "d2"]
     offsets = ef["offset_mapping"][1]
     types = ef["token_type_ids"][1]

@@ -48,10 +48,12 @@ def patient_loss(student_cls: Sequence[Tensor], teacher_cls: Sequence[Tensor],
 
 
 def hard_label_loss(logits: Tensor, labels: Tensor) -> Tensor:
-    """L_CE: cross-entropy with the gold labels (MSE with the gold score for a one-output head)."""
+    """L_CE: cross-entropy with the gold labels (MSE with the gold score for a one-output head). Span logits
+    (B, 2, tokens) with (B, 2) gold positions: the mean of the start and the end cross-entropy, as a
+    `*ForQuestionAnswering` model's own loss."""
     if logits.shape[-1] == 1:
         return F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype))
-    return F.cross_entropy(logits, labels)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
 @register("patient_loss", stages=("prediction",), features=(("hidden", "states"),), paper="BERT-PKD eq. 4")

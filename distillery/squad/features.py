@@ -12,7 +12,7 @@ one question share `doc_stride` (128) context tokens, the Hugging Face tokenizer
   CLS index 0 for both when the answer is not wholly inside the window or the question has none (v2.0).
 - eval features (`prepare_eval_features`): the same inputs plus `example_id` (the question id) and `offset_mapping`,
   (start, end) character offsets into the context for context tokens and None for every other token, which
-  `distillery.squad.postprocess` uses to turn logits back into answer text.
+  `distillery.squad.postprocess` uses to turn logits back into answer text; with gold answers, the positions too.
 
 Nothing is padded: a collator pads each batch (`transformers.DataCollatorWithPadding`). Every feature has a `length`
 column (its number of tokens), the column `TrainingArguments(group_by_length=True)` reads. A fast tokenizer
@@ -92,15 +92,12 @@ def answer_token_span(offsets: Sequence, sequence_ids: Sequence, start_char: int
     return start - 1, end + 1
 
 
-def train_features(batch: Mapping[str, Sequence], tokenizer, config: FeatureConfig = FeatureConfig()) -> dict:
-    """Train features of a batch of questions ({"question", "context", "answers"} columns)."""
-    enc = _encode(batch, tokenizer, config)
-    sample = enc.pop("overflow_to_sample_mapping")
-    offsets_all = enc.pop("offset_mapping")
+def _positions(enc, offsets_all: Sequence, sample: Sequence[int], answers_all: Sequence, tokenizer) -> dict:
+    """`start_positions` / `end_positions` of every window: the first gold answer's tokens, or the CLS index."""
     starts, ends = [], []
     for i, offsets in enumerate(offsets_all):
         cls_index = enc["input_ids"][i].index(tokenizer.cls_token_id)
-        answers = batch["answers"][sample[i]]
+        answers = answers_all[sample[i]]
         span = None
         if answers["text"]:
             start_char = answers["answer_start"][0]
@@ -108,19 +105,29 @@ def train_features(batch: Mapping[str, Sequence], tokenizer, config: FeatureConf
         start, end = span if span is not None else (cls_index, cls_index)
         starts.append(start)
         ends.append(end)
-    out = dict(enc)
-    out["start_positions"], out["end_positions"] = starts, ends
+    return {"start_positions": starts, "end_positions": ends}
+
+
+def train_features(batch: Mapping[str, Sequence], tokenizer, config: FeatureConfig = FeatureConfig()) -> dict:
+    """Train features of a batch of questions ({"question", "context", "answers"} columns)."""
+    enc = _encode(batch, tokenizer, config)
+    sample = enc.pop("overflow_to_sample_mapping")
+    offsets_all = enc.pop("offset_mapping")
+    out = {**enc, **_positions(enc, offsets_all, sample, batch["answers"], tokenizer)}
     out["length"] = [len(ids) for ids in enc["input_ids"]]
     return out
 
 
 def eval_features(batch: Mapping[str, Sequence], tokenizer, config: FeatureConfig = FeatureConfig()) -> dict:
     """Eval features of a batch of questions ({"id", "question", "context"} columns): inputs, `example_id`,
-    context-only `offset_mapping` (None elsewhere), `length`. Also what a served model runs on one question."""
+    context-only `offset_mapping` (None elsewhere), `length`; with an "answers" column also the train features'
+    `start_positions` / `end_positions` (the labels a Trainer evaluates with). Also what a served model runs on."""
     enc = _encode(batch, tokenizer, config)
     sample = enc.pop("overflow_to_sample_mapping")
     offsets_all = enc.pop("offset_mapping")
     out = dict(enc)
+    if "answers" in batch:
+        out.update(_positions(enc, offsets_all, sample, batch["answers"], tokenizer))
     out["example_id"] = [batch["id"][j] for j in sample]
     out["offset_mapping"] = [[list(o) if s == 1 else None for o, s in zip(offsets, enc.sequence_ids(i))]
                              for i, offsets in enumerate(offsets_all)]

@@ -50,7 +50,9 @@ from distillery.training.trainer import run_arguments, train_and_export
 TEACHER_LOGITS = "teacher_logits"
 NSP_LABELS = "next_sentence_label"
 #: Batch keys the Distiller reads; every other dataset column is dropped by the collator.
-BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", NSP_LABELS, TEACHER_LOGITS)
+#: A span task's gold answer (`*ForQuestionAnswering` models): token positions of its first and last token.
+SPAN_LABELS = ("start_positions", "end_positions")
+BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", NSP_LABELS, *SPAN_LABELS, TEACHER_LOGITS)
 
 __all__ = ["BATCH_KEYS", "DistillationCollator", "DistillationTrainer", "Distiller", "DistillerOutput", "check_spec",
            "distill", "make_projection"]
@@ -139,14 +141,19 @@ class Distiller(nn.Module):
         token_type_ids: Tensor | None = None,
         labels: Tensor | None = None,
         next_sentence_label: Tensor | None = None,
+        start_positions: Tensor | None = None,
+        end_positions: Tensor | None = None,
         teacher_logits: Tensor | None = None,
-    ) -> DistillerOutput:
+    ) -> ModelOutput:
         inputs = {k: v for k, v in (("input_ids", input_ids), ("attention_mask", attention_mask),
                                     ("token_type_ids", token_type_ids)) if v is not None}
         s_in = {k: v for k, v in inputs.items() if k in self._student_keys}
-        if not self.training and labels is not None and self.spec.stage != "pretraining":
-            out = self.student(**s_in, labels=labels)
-            return DistillerOutput(loss=out.loss, logits=out.logits)
+        gold = {"labels": labels} if labels is not None else {}
+        if start_positions is not None and end_positions is not None:  # a span task: (B, 2) gold positions
+            gold = {"start_positions": start_positions, "end_positions": end_positions}
+            labels = torch.stack([start_positions, end_positions], dim=1)
+        if not self.training and gold and self.spec.stage != "pretraining":
+            return self.student(**s_in, **gold)  # its own output: the Trainer evaluates the student as it is
         teacher_out, teacher_cap = None, None
         if self._teacher_features or (self._teacher_logits and teacher_logits is None):
             teacher_out, teacher_cap = self.teacher_forward(inputs)
@@ -154,8 +161,8 @@ class Distiller(nn.Module):
             s_out = self.student(**s_in)
         batch = Batch(
             student=student_cap, teacher=teacher_cap, layer_map=self.spec.layer_map, options=self.spec.options,
-            attention_mask=attention_mask, labels=labels, student_logits=_mlm_logits(s_out),
-            teacher_logits=teacher_logits if teacher_logits is not None else _mlm_logits(teacher_out),
+            attention_mask=attention_mask, labels=labels, student_logits=_logits(s_out),
+            teacher_logits=teacher_logits if teacher_logits is not None else _logits(teacher_out),
             nsp_logits=getattr(s_out, "seq_relationship_logits", None), nsp_labels=next_sentence_label,
             projection=self.projection,
         )
@@ -163,10 +170,16 @@ class Distiller(nn.Module):
         return DistillerOutput(loss=self.spec.objectives.combine(terms), logits=batch.student_logits, terms=terms)
 
 
-def _mlm_logits(output) -> Tensor | None:
-    """The logits of a model output (`prediction_logits` of a `*ForPreTraining` model: its MLM head); None for no
-    output."""
+def _logits(output) -> Tensor | None:
+    """The logits of a model output: `prediction_logits` of a `*ForPreTraining` model (its MLM head); a
+    `*ForQuestionAnswering` model's start and end logits stacked, (B, 2, tokens), so that a term on the last axis
+    (TinyBERT eq. 10, DistilBERT's L_ce) is the mean of its value on the start and on the end distribution; None for
+    no output."""
+    if output is None:
+        return None
     logits = getattr(output, "prediction_logits", None)
+    if logits is None and getattr(output, "start_logits", None) is not None:
+        logits = torch.stack([output.start_logits, output.end_logits], dim=1)
     return logits if logits is not None else getattr(output, "logits", None)
 
 
@@ -194,7 +207,7 @@ class DistillationTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         outputs = model(**inputs)
-        if outputs.terms is not None:
+        if getattr(outputs, "terms", None) is not None:  # training; in evaluation the student's own output
             for name, value in outputs.terms.items():
                 v = value.detach()
                 self._term_sums[name] = self._term_sums.get(name, torch.zeros_like(v)) + v

@@ -1,0 +1,52 @@
+"""A span model's dev score during training: the Trainer's start/end logits over the eval features -> one answer per
+question (`postprocess`) -> the official EM/F1 (`metrics.evaluate`), 0-100 as the official scripts print them.
+
+`SpanMetrics` is a `compute_metrics` for `distillery.training` (its `takes_logits` asks the bridge for the raw
+logits instead of class ids). The Trainer hands the logits as a (start, end) pair of (features, tokens) arrays (a
+`*ForQuestionAnswering` model) or one (features, 2, tokens) array (the `Distiller`'s stacked span logits); rows are
+padded across batches with -100, and `postprocess` cuts every row to its feature's length.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from distillery.squad.data import gold_answers
+from distillery.squad.metrics import evaluate
+from distillery.squad.postprocess import Answer, Table, null_odds, postprocess, prediction_texts
+
+#: the dev score a span task selects checkpoints and reports retention on
+MAIN = "f1"
+
+
+def span_logits(predictions: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) logits from either layout the Trainer hands over."""
+    if isinstance(predictions, (tuple, list)):
+        return np.asarray(predictions[0]), np.asarray(predictions[1])
+    predictions = np.asarray(predictions)
+    if predictions.ndim != 3 or predictions.shape[1] != 2:
+        raise ValueError(f"span logits: a (start, end) pair or a (features, 2, tokens) array, got {predictions.shape}")
+    return predictions[:, 0], predictions[:, 1]
+
+
+class SpanMetrics:
+    """`compute_metrics(predictions, labels)` of a span task: {"em", "f1"} (v2.0 adds the official HasAns/NoAns and
+    best-threshold keys). `answers` holds the last evaluation's answers (for the predictions file)."""
+
+    takes_logits = True
+
+    def __init__(self, examples: Table, features: Table, version: str = "1.1", **postprocess_options: Any) -> None:
+        self.examples, self.features, self.version = examples, features, version
+        self.options = postprocess_options
+        self.gold = gold_answers(examples)
+        self.answers: dict[str, Answer] = {}
+
+    def __call__(self, predictions: Any, labels: Any = None) -> dict[str, float]:
+        start, end = span_logits(predictions)
+        self.answers = postprocess(self.examples, self.features, start, end, version=self.version, **self.options)
+        odds = null_odds(self.answers) if self.version == "2.0" else None
+        scores = evaluate(self.gold, prediction_texts(self.answers), self.version, odds)
+        scores["em"] = scores.pop("exact_match") if "exact_match" in scores else scores.pop("exact")
+        return scores

@@ -1,0 +1,137 @@
+"""Span models in the training library: a `*ForQuestionAnswering` model fine-tuned and distilled with the official
+EM/F1 as its dev score (issue 25, item 3, the library half).
+
+- the prediction-layer terms on span logits equal an independent float64 implementation of their equations
+  (TinyBERT eq. 10 and the gold cross-entropy, each the mean of its start and end value);
+- a tiny span model learns a synthetic span task far above the question-overlap sentence baseline, through
+  `finetune`, and a student distilled from it through `distill` keeps most of its F1.
+"""
+
+from __future__ import annotations
+
+import random
+
+import datasets
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from helpers import FAST, NEUTRAL, tokenizer
+from distillery.squad.evaluate import SpanMetrics, span_logits
+from distillery.squad.features import FeatureConfig, prepare_eval_features, prepare_train_features
+from distillery.squad.metrics import evaluate, sentence_baseline
+from distillery.squad.data import gold_answers
+from distillery.training.distill import Distiller, distill
+from distillery.training.finetune import finetune
+from distillery.training.spec import DistillSpec, TrainRun
+
+NAMES = ["great", "good", "bad", "awful"]  # the answers: words a question asks for by its cue
+
+
+def span_examples(n: int, seed: int) -> datasets.Dataset:
+    """Contexts of two sentences of neutral words; one sentence holds a cue word and, right after it, the answer."""
+    rng = random.Random(seed)
+    rows = {"id": [], "title": [], "context": [], "question": [], "answers": []}
+    for i in range(n):
+        answer = rng.choice(NAMES)
+        first = " ".join(rng.choices(NEUTRAL, k=rng.randint(3, 6)))
+        second = " ".join(rng.choices(NEUTRAL, k=rng.randint(3, 6)))
+        cue = rng.choice(NEUTRAL)
+        with_answer = f"{cue} {answer} {second}"
+        context = f"{first}. {with_answer}." if rng.random() < 0.5 else f"{with_answer}. {first}."
+        rows["id"].append(f"q{seed}-{i}")
+        rows["title"].append("synthetic")
+        rows["context"].append(context)
+        rows["question"].append(f"which word follows {cue}?")
+        rows["answers"].append({"text": [answer], "answer_start": [context.index(f"{cue} {answer}") + len(cue) + 1]})
+    return datasets.Dataset.from_dict(rows)
+
+
+def qa_model(tok, layers: int, hidden: int, seed: int) -> transformers.BertForQuestionAnswering:
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+                                     num_attention_heads=2, intermediate_size=2 * hidden, max_position_embeddings=64)
+    return transformers.BertForQuestionAnswering(config)
+
+
+def soft_ce64(s: np.ndarray, t: np.ndarray) -> float:
+    """-sum_c softmax(t)_c log softmax(s)_c over the last axis, mean over the rest, in float64."""
+    s, t = s.astype(np.float64), t.astype(np.float64)
+    log_s = s - s.max(-1, keepdims=True) - np.log(np.exp(s - s.max(-1, keepdims=True)).sum(-1, keepdims=True))
+    p_t = np.exp(t - t.max(-1, keepdims=True))
+    p_t /= p_t.sum(-1, keepdims=True)
+    return float((-(p_t * log_s).sum(-1)).mean())
+
+
+def test_span_terms_match_their_equations_in_float64(tmp_path):
+    tok = tokenizer(tmp_path)
+    feats = prepare_train_features(span_examples(6, 0), tok, FeatureConfig(max_length=64, doc_stride=16,
+                                                                           max_query_length=16))
+    batch = tok.pad([{k: f[k] for k in ("input_ids", "token_type_ids", "attention_mask")} for f in feats],
+                    return_tensors="pt")
+    starts, ends = torch.tensor(feats["start_positions"][:]), torch.tensor(feats["end_positions"][:])
+    teacher, student = qa_model(tok, 2, 32, 0).eval(), qa_model(tok, 1, 16, 1).train()
+    student.config.hidden_dropout_prob = student.config.attention_probs_dropout_prob = 0.0
+    student.eval()  # no dropout: the student's forward is the same in and out of the Distiller
+    with torch.no_grad():
+        t_out, s_out = teacher(**batch), student(**batch)
+    t_np = np.stack([t_out.start_logits.numpy(), t_out.end_logits.numpy()], 1)
+    s_np = np.stack([s_out.start_logits.numpy(), s_out.end_logits.numpy()], 1)
+    for weights, expected in (
+        ({"prediction_loss": 1.0}, soft_ce64(s_np, t_np)),  # eq. 10 on the start and on the end, averaged
+        ({"hard_label_loss": 1.0}, float(np.mean([
+            -np.log(np.exp(s_np[:, k].astype(np.float64)) / np.exp(s_np[:, k].astype(np.float64)).sum(-1,
+                    keepdims=True))[np.arange(len(starts)), pos.numpy()].mean()
+            for k, pos in ((0, starts), (1, ends))]))),
+    ):
+        distiller = Distiller(student, teacher, DistillSpec(weights, "prediction"))
+        distiller.train()
+        student.eval()
+        with torch.no_grad():
+            out = distiller(**batch, start_positions=starts, end_positions=ends)
+        assert out.loss.item() == pytest.approx(expected, rel=1e-5), weights
+        assert out.logits.shape == (len(starts), 2, batch["input_ids"].shape[1])
+        # the gold cross-entropy is the QA model's own loss
+        if "hard_label_loss" in weights:
+            assert out.loss.item() == pytest.approx(student(**batch, start_positions=starts,
+                                                            end_positions=ends).loss.item(), rel=1e-5)
+
+
+def test_span_logits_layouts():
+    a, b = np.zeros((3, 5)), np.ones((3, 5))
+    assert [x.tolist() for x in span_logits((a, b))] == [a.tolist(), b.tolist()]
+    assert [x.tolist() for x in span_logits(np.stack([a, b], 1))] == [a.tolist(), b.tolist()]
+    with pytest.raises(ValueError, match="span logits"):
+        span_logits(a)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_span_model_learns_and_a_distilled_student_keeps_it(tmp_path):
+    tok = tokenizer(tmp_path)
+    config = FeatureConfig(max_length=64, doc_stride=16, max_query_length=16)
+    train, dev = span_examples(400, 1), span_examples(80, 2)
+    train_f = prepare_train_features(train, tok, config)
+    dev_f = prepare_eval_features(dev, tok, config)
+    trivial = evaluate(gold_answers(dev), sentence_baseline(dev), "1.1")
+
+    def run(name: str, lr: float, epochs: int) -> TrainRun:
+        return TrainRun(tmp_path / name, train_f, dev_f, tokenizer=tok, compute_metrics=SpanMetrics(dev, dev_f),
+                        main_score="f1", args={**FAST, "learning_rate": lr, "num_train_epochs": epochs,
+                                               "per_device_train_batch_size": 16, "eval_strategy": "epoch",
+                                               "save_strategy": "epoch",
+                                               "label_names": ["start_positions", "end_positions"]})
+
+    teacher_dir = finetune(qa_model(tok, 2, 32, 0), run("teacher", 3e-3, 6))
+    teacher_metrics = __import__("json").loads((teacher_dir / "metrics.json").read_text())
+    teacher_f1 = teacher_metrics["eval_f1"]
+    print(f"sentence baseline EM/F1 {trivial['exact_match']:.1f}/{trivial['f1']:.1f}; teacher "
+          f"{teacher_metrics['eval_em']:.1f}/{teacher_f1:.1f}")
+    assert teacher_f1 >= trivial["f1"] + 30, (teacher_metrics, trivial)
+
+    teacher = transformers.BertForQuestionAnswering.from_pretrained(teacher_dir).eval()
+    student_dir = distill(teacher, qa_model(tok, 1, 16, 3), DistillSpec({"prediction_loss": 1.0}, "prediction"),
+                          run("student", 3e-3, 6))
+    student = __import__("json").loads((student_dir / "metrics.json").read_text())
+    print(f"student (eq. 10 on start/end logits) {student['eval_em']:.1f}/{student['eval_f1']:.1f}")
+    assert student["eval_f1"] >= trivial["f1"] + 20, (student, trivial)
