@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from transformers import PreTrainedModel, Trainer, TrainingArguments
 
+from distillery.runtime import FreeCores
 from distillery.training.args import train_arguments
 from distillery.training.log import LOG_NAME, quiet_progress, rows_from_state, write_log
 from distillery.training.metrics import trainer_metrics
@@ -51,7 +52,7 @@ def train_and_export(
         data_collator=data_collator,
         processing_class=run.tokenizer,
         compute_metrics=trainer_metrics(metric_fn, run.main_score) if metric_fn is not None else None,
-        callbacks=list(run.callbacks),
+        callbacks=[*run.callbacks, FreeCores()],
         optimizers=(optimizer, None),
     )
     quiet_progress(trainer)

@@ -1,0 +1,101 @@
+"""Steady training on a shared CPU: as many torch threads as there are free cores, re-checked while training runs.
+
+PyTorch's CPU kernels run on GNU OpenMP, whose threads spin-wait between parallel regions. That is the right bet on
+a quiet machine and the wrong one when another process computes on the same cores: a spinning thread holds a core
+that the thread it waits for needs, and with one other CPU-bound process on 2 cores a training step ran 5-16x
+slower (`python -m benchmarks.busy`). Making the threads sleep instead (``OMP_WAIT_POLICY=PASSIVE``) fixed the busy
+case but cost 40% on a quiet machine, and a short spin count (``GOMP_SPINCOUNT``) traded one for the other.
+
+What works both ways is fewer threads when cores are taken: `ThreadGovernor` reads the machine's CPU time
+(``/proc/stat``, the cores this process may run on), subtracts this process's own, and sets
+``torch.set_num_threads`` to the cores the others leave free, between the user's limit (the thread count torch had
+when training started: ``OMP_NUM_THREADS`` / ``torch.set_num_threads`` are respected) and 1. It looks at most once a
+second, at the end of a training step (`FreeCores`, a Trainer callback every training loop installs). Where
+``/proc/stat`` cannot be read (not Linux) it does nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+from transformers import TrainerCallback
+
+STAT = Path("/proc/stat")
+BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user nice system irq softirq steal (guest time is inside user)
+
+
+def _busy_seconds(cpus: set[int]) -> float | None:
+    """CPU seconds spent busy so far on `cpus`, all processes together; None where the kernel does not say."""
+    try:
+        lines = STAT.read_text().splitlines()
+    except OSError:
+        return None
+    ticks = 0
+    for line in lines:
+        name, _, rest = line.partition(" ")
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            fields = rest.split()
+            ticks += sum(int(fields[i]) for i in BUSY_FIELDS if i < len(fields))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+class ThreadGovernor:
+    """Keeps torch's intra-op thread count at the number of cores other processes leave free (see the module)."""
+
+    def __init__(self, max_threads: int | None = None, every: float = 1.0) -> None:
+        self.cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+        self.max_threads = max_threads or torch.get_num_threads()
+        self.every = every
+        self._last: tuple[float, float, float] | None = None
+        self.threads = torch.get_num_threads()
+
+    def others(self) -> float | None:
+        """Cores busy with other processes since the previous look (None on the first look or without /proc/stat)."""
+        busy = _busy_seconds(self.cpus)
+        if busy is None:
+            return None
+        now, own = time.monotonic(), time.process_time()
+        last, self._last = self._last, (now, busy, own)
+        if last is None or now <= last[0]:
+            return None
+        return max(0.0, (busy - last[1]) - (own - last[2])) / (now - last[0])
+
+    def tick(self) -> int:
+        """Look again if `every` seconds have passed; set and return the thread count."""
+        if self.max_threads <= 1 or (self._last is not None and time.monotonic() - self._last[0] < self.every):
+            return self.threads
+        others = self.others()
+        if others is not None:
+            free = math.floor(len(self.cpus) - others + 0.5)
+            threads = max(1, min(self.max_threads, free))
+            if threads != self.threads:
+                torch.set_num_threads(threads)
+                self.threads = threads
+        return self.threads
+
+    def restore(self) -> None:
+        if self.threads != self.max_threads:
+            torch.set_num_threads(self.max_threads)
+            self.threads = self.max_threads
+
+
+class FreeCores(TrainerCallback):
+    """A `ThreadGovernor` over a Trainer's training steps; torch's thread count is restored when training ends."""
+
+    def __init__(self) -> None:
+        self.governor: ThreadGovernor | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.governor = ThreadGovernor() if args.device.type == "cpu" else None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.governor is not None:
+            self.governor.tick()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.governor is not None:
+            self.governor.restore()
