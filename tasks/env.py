@@ -42,6 +42,7 @@ def apply() -> None:
         "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
         "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # transformers' weight loading/saving bars (not the Trainer's)
         "MLFLOW_LOGGING_LEVEL": "WARNING",
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",  # the register stage downloads the run's model
         "DASK_LOGGING__DISTRIBUTED": "warning",  # orchestration.runner dask: no scheduler/worker INFO lines
     }
     for key, value in defaults.items():
