@@ -27,7 +27,8 @@ from distillery.recipes import (
 #: data.tasks accepted per data.source: the demo generator writes only `demo`; the GLUE tasks with a training
 #: split (MNLI-mm and AX are predicted by the MNLI model); a local directory may also hold generated tasks.
 TRAINABLE_GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
-TASKS_BY_SOURCE = {"demo": ("demo",), "hub": TRAINABLE_GLUE_TASKS, "local": TRAINABLE_GLUE_TASKS + ("demo", "demo-pair")}
+TASKS_BY_SOURCE = {"demo": ("demo",), "hub": TRAINABLE_GLUE_TASKS + ("squad", "squad_v2"),
+                   "local": TRAINABLE_GLUE_TASKS + ("demo", "demo-pair", "squad")}
 
 
 class ConfigError(UserError, ValueError):
@@ -51,6 +52,15 @@ class DataSection(Section):
     source: Literal["demo", "local", "hub"] = "demo"
     tasks: list[str] = Field(default_factory=lambda: ["demo"], min_length=1)
     glue_dir: str | None = None
+    # source local, task squad: one official SQuAD JSON file split by article (distillery.squad.split_by_article),
+    # its last `squad_eval_articles` articles (in a permutation by `squad_split_seed`, when set) for evaluation
+    squad_file: str | None = None
+    squad_eval_articles: int = Field(8, ge=1)
+    squad_split_seed: int | None = None
+    # span tasks: windows of `max_length` tokens over the context, `doc_stride` apart, questions cut to
+    # `max_query_length` tokens (BERT's SQuAD settings: 384 / 128 / 64)
+    doc_stride: int = Field(128, ge=1)
+    max_query_length: int = Field(64, ge=1)
     max_train_examples: int | None = Field(None, ge=1)
     max_eval_examples: int | None = Field(None, ge=1)
     max_length: int = Field(64, ge=8, le=512)
@@ -88,8 +98,10 @@ class DataSection(Section):
 
     @model_validator(mode="after")
     def _dir_for_local(self) -> "DataSection":
-        if self.source == "local" and not self.glue_dir:
+        if self.source == "local" and not self.glue_dir and any(t != "squad" for t in self.tasks):
             raise ValueError("source 'local' needs `glue_dir`")
+        if self.source == "local" and "squad" in self.tasks and not self.squad_file:
+            raise ValueError("source 'local' with task 'squad' needs `squad_file` (e.g. dev-v1.1.json)")
         return self
 
 
@@ -544,12 +556,14 @@ def check_inputs(p: Params, path: str = "params.yaml", root: Path | None = None)
             _check_students(p, Dims.of_config(AutoConfig.from_pretrained(str(config.parent))), path, root)
     if t.tokenizer not in (None, "demo"):
         _check_file(t.tokenizer, root, "teacher.tokenizer", path, directory_ok=True)
-    if p.data.source == "local":
+    if p.data.source == "local" and "squad" in p.data.tasks:
+        _check_file(p.data.squad_file, root, "data.squad_file", path)
+    if p.data.source == "local" and p.data.glue_dir:
         glue_dir = resolve_path(p.data.glue_dir, root)
         if not glue_dir.is_dir():
             raise ConfigError(f"{path}: data.glue_dir: directory {glue_dir} not found (the GLUE download layout: "
                               "<glue_dir>/SST-2/train.tsv, ...)")
-        for task in p.data.tasks:
+        for task in [t for t in p.data.tasks if t != "squad"]:
             for name in tasks_evaluated_with(task):
                 spec = get_task(name)
                 needed = [f for s, f in spec.files.items() if s in ("train", "dev")]

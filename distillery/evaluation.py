@@ -17,20 +17,24 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer, Data
 from distillery import glue
 
 
-@torch.inference_mode()
-def predict_logits(model, tokenizer, encoded: datasets.Dataset, *, batch_size: int = 64) -> np.ndarray:
-    """Logits (N, num_labels) of `model` on an encoded dataset, in dataset order."""
-    model.eval()
+def batches(model, tokenizer, encoded: datasets.Dataset, *, batch_size: int = 64):
+    """The model inputs of an encoded dataset, in dataset order, padded per batch, on the model's device."""
     device = next(model.parameters()).device
     keep = [c for c in ("input_ids", "attention_mask", "token_type_ids") if c in encoded.column_names]
     collate = DataCollatorWithPadding(tokenizer)
     rows = encoded.select_columns(keep)
-    out = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
         batch = collate([dict(zip(keep, values)) for values in zip(*(chunk[c] for c in keep))])
-        batch = {k: v.to(device) for k, v in batch.items()}
-        out.append(model(**batch).logits.float().cpu().numpy())
+        yield {k: v.to(device) for k, v in batch.items()}
+
+
+@torch.inference_mode()
+def predict_logits(model, tokenizer, encoded: datasets.Dataset, *, batch_size: int = 64) -> np.ndarray:
+    """Logits (N, num_labels) of `model` on an encoded dataset, in dataset order."""
+    model.eval()
+    out = [model(**batch).logits.float().cpu().numpy() for batch in batches(model, tokenizer, encoded,
+                                                                              batch_size=batch_size)]
     return np.concatenate(out) if out else np.zeros((0, model.config.num_labels), dtype=np.float32)
 
 

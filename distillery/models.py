@@ -64,7 +64,7 @@ __all__ = [
 ]
 
 ARCHS = ("bert", "mobilebert", "distilbert")
-HEADS = ("base", "sequence-classification", "mlm", "pretraining")
+HEADS = ("base", "sequence-classification", "question-answering", "mlm", "pretraining")
 
 
 class ModelConfigError(ValueError):
@@ -260,6 +260,8 @@ def _auto_class(head: str) -> Any:
         return transformers.AutoModel
     if head == "sequence-classification":
         return transformers.AutoModelForSequenceClassification
+    if head == "question-answering":
+        return transformers.AutoModelForQuestionAnswering
     if head == "mlm":
         return transformers.AutoModelForMaskedLM
     if head == "pretraining":
@@ -363,15 +365,16 @@ def check_weights(path: str | os.PathLike) -> list[Path]:
     return files
 
 
-def load_model(path: str | os.PathLike, *, head: str = "base") -> PreTrainedModel:
-    """A saved model by its head (``AutoModel*.from_pretrained``), including an IB-BERT whose attention reads the
-    inter-block maps (:func:`inter_block_attention_inputs`; built from its config, then its weights loaded)."""
+def load_model(path: str | os.PathLike, *, head: str = "base", **config: Any) -> PreTrainedModel:
+    """A saved model by its head (``AutoModel*.from_pretrained``, ``config`` overriding its config: label settings),
+    including an IB-BERT whose attention reads the inter-block maps (:func:`inter_block_attention_inputs`; built
+    from its config, then its weights loaded)."""
     from safetensors.torch import load_file
 
     cls = _auto_class(head)
-    cfg = transformers.AutoConfig.from_pretrained(str(path))
+    cfg = transformers.AutoConfig.from_pretrained(str(path), **config)
     if not reads_inter_block_maps(cfg):
-        return cls.from_pretrained(str(path))
+        return cls.from_pretrained(str(path), **config)
     model = inter_block_attention_inputs(cls.from_config(cfg))
     state = load_file(str(Path(path) / "model.safetensors"))
     result = model.load_state_dict(state, strict=False)
@@ -547,7 +550,8 @@ def _bert_to_distilbert(
     has_mlm = hasattr(teacher, "cls") and hasattr(teacher.cls, "predictions")
     if head is None:
         is_cls = isinstance(teacher, transformers.BertForSequenceClassification)
-        head = "mlm" if has_mlm else "sequence-classification" if is_cls else "base"
+        is_qa = isinstance(teacher, transformers.BertForQuestionAnswering)
+        head = "mlm" if has_mlm else "sequence-classification" if is_cls else "question-answering" if is_qa else "base"
     _auto_class(head)  # validates the name
     if head == "mlm":
         student = transformers.DistilBertForMaskedLM(cfg)
@@ -556,6 +560,8 @@ def _bert_to_distilbert(
         cfg.problem_type = tc.problem_type
         cfg.id2label, cfg.label2id = dict(tc.id2label), dict(tc.label2id)
         student = transformers.DistilBertForSequenceClassification(cfg)
+    elif head == "question-answering":
+        student = transformers.DistilBertForQuestionAnswering(cfg)
     else:
         student = transformers.DistilBertModel(cfg)
     s, t = student.base_model, teacher.base_model
@@ -582,6 +588,8 @@ def _bert_to_distilbert(
             _copy_(student.vocab_layer_norm, pred.transform.LayerNorm)
             student.vocab_projector.weight.copy_(pred.decoder.weight)
             student.vocab_projector.bias.copy_(pred.bias if pred.bias is not None else pred.decoder.bias)
+        if head == "question-answering" and hasattr(teacher, "qa_outputs"):  # the span head, as the teacher learned it
+            _copy_(student.qa_outputs, teacher.qa_outputs)
     return student
 
 

@@ -11,6 +11,7 @@ from tasks.stage import Stage
 from tasks.teacher import FINETUNE_TEACHER, PRETRAIN
 
 from distillery.config import Params
+from distillery.task_kinds import is_span
 
 STAGES: dict[str, Stage] = {s.name: s for s in (
     PREPARE_CORPUS, PREPARE_TASK, PRETRAIN, WORD_VECTORS, FINETUNE_TEACHER, AUGMENT, *STUDENT_STAGES,
@@ -25,7 +26,7 @@ def items(stage: str, p: Params) -> list[str | None]:
         return students_with(p, stage)
     tasks, students = list(p.data.tasks), list(p.students)
     pairs = [f"{s}:{t}" for s in students for t in tasks]
-    augmented = [t for t in tasks if p.for_task(t).augment.enabled]
+    augmented = [t for t in tasks if p.for_task(t).augment.enabled and not is_span(t)]  # spans: no augmentation
     return {
         "prepare_corpus": [None],
         "prepare_task": tasks,
@@ -36,7 +37,8 @@ def items(stage: str, p: Params) -> list[str | None]:
         "task_distillation": pairs,
         "baseline": pairs if p.evaluation.baselines else [],
         "evaluate": tasks,
-        "register": pairs if p.registry.enabled else [],
+        # a span student has no serving pyfunc yet: it is evaluated and reported, not registered
+        "register": [x for x in pairs if not is_span(x.split(":")[1])] if p.registry.enabled else [],
         "report": [None],
     }[stage]
 

@@ -29,10 +29,29 @@ def extra_split(task: str, split: str) -> str:
     return f"{task.replace('-', '_')}__{split}"
 
 
+def _load_span(p: Params, task: str):
+    """A SQuAD task's questions: {"train", "dev"}, from the Hub's official splits or one local file split by
+    article (never a paragraph on both sides; not the official split)."""
+    from datasets import DatasetDict
+
+    from distillery import squad
+    from distillery.task_kinds import SPAN_TASKS
+
+    if p.data.source == "hub":
+        dsd = squad.load_hub(SPAN_TASKS[task])
+    else:
+        dsd = squad.load_squad_split(resolve(p.data.squad_file), p.data.squad_eval_articles, p.data.squad_split_seed,
+                                     version=SPAN_TASKS[task])
+    return DatasetDict({"train": dsd["train"], "dev": dsd["validation"]})
+
+
 def run_prepare_task(p: Params, task: str) -> dict[str, Any]:
     from distillery import demo, glue
+    from distillery.task_kinds import is_span
 
-    if p.data.source == "demo":
+    if is_span(task):
+        dsd = _load_span(p, task)
+    elif p.data.source == "demo":
         raw = paths.raw_task(task)
         demo.make_demo_task(raw / task, n_train=p.data.demo_train, n_dev=p.data.demo_dev,
                             n_test=p.data.demo_test, seed=p.seed)
@@ -115,10 +134,11 @@ def vectors_path(p: Params) -> Path:
 
 PREPARE_TASK = Stage(
     "prepare_task", run_prepare_task,
-    deps=lambda p, t: [] if p.data.source != "local" else [_local_task_dir(p, t)],
+    deps=lambda p, t: [] if p.data.source != "local" else [resolve(p.data.squad_file) if t == "squad"
+                                                           else _local_task_dir(p, t)],
     outs=lambda p, t: [paths.task_data(t)],
     params=lambda p, t: {"seed": p.seed, "data": p.data.model_dump(mode="json")},
-    code=("distillery/glue", "distillery/demo.py", "tasks/data.py"),
+    code=("distillery/glue", "distillery/squad/data.py", "distillery/demo.py", "tasks/data.py"),
 )
 PREPARE_CORPUS = Stage(
     "prepare_corpus", run_prepare_corpus,

@@ -17,13 +17,15 @@ from typing import Any, Callable
 from tasks import paths
 from tasks.launch import distributed, distributed_params
 from tasks.stage import Stage, split_item
-from tasks.teacher import checkpoint_options, finish, load_task, teacher_gate, teacher_source, train_options
+from tasks.teacher import (checkpoint_options, encoding, finish, load_task, teacher_gate, teacher_source,
+                           train_options)
 
 from distillery.config import Params
+from distillery.task_kinds import is_span
 
 TRAINING_CODE = ("distillery/training", "distillery/objectives", "distillery/capture.py", "distillery/layer_map.py",
                  "distillery/models.py", "distillery/recipes", "distillery/ib_teacher.py", "distillery/corpus.py",
-                 "distillery/config.py", "tasks/distill.py")
+                 "distillery/config.py", "distillery/task_kinds.py", "distillery/squad", "tasks/distill.py")
 
 #: Where each student stage writes (`<dir>/model`).
 STUDENT_STAGE_DIRS: dict[str, Callable[[str], Path]] = {
@@ -97,18 +99,16 @@ def run_general_distillation(p: Params, student: str) -> dict[str, Any]:
 def _task_teacher(task: str):
     """(teacher, tokenizer, labels): the fine-tuned teacher of a task, its tokenizer, and the label settings
     (num_labels, id2label, label2id, problem_type) every student of the task is built with."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    from distillery import glue
+    from distillery.models import load_model
+    from distillery.task_kinds import task_kind
 
+    kind = task_kind(task)
     teacher_dir = paths.teacher(task) / "model"
     tokenizer = AutoTokenizer.from_pretrained(str(teacher_dir))
-    teacher = AutoModelForSequenceClassification.from_pretrained(str(teacher_dir))
-    labels = {"num_labels": glue.get_task(task).num_labels, "id2label": teacher.config.id2label,
-              "label2id": teacher.config.label2id}
-    if glue.get_task(task).is_regression:
-        labels["problem_type"] = "regression"
-    return teacher, tokenizer, labels
+    teacher = load_model(teacher_dir, head=kind.head)
+    return teacher, tokenizer, kind.model_kwargs(teacher.config)
 
 
 def _train_set(p: Params, task: str, tokenizer, augmented: bool):
@@ -118,9 +118,12 @@ def _train_set(p: Params, task: str, tokenizer, augmented: bool):
     from datasets import DatasetDict, concatenate_datasets
 
     from distillery import glue
+    from distillery.task_kinds import is_span, task_kind
 
     data = load_task(task)
     splits = {"train": data["train"], "dev": data["dev"]}
+    if is_span(task):  # TinyBERT appendix B: prediction-layer distillation of SQuAD on the original data
+        return tuple(task_kind(task, p.data).encode(DatasetDict(splits), tokenizer, p.data.max_length).values())
     if augmented and p.augment.enabled:
         splits["train"] = glue.load_split_file(task, paths.augmented(task))
         covered = p.augment.max_examples or len(data["train"])
@@ -134,17 +137,20 @@ def _train_set(p: Params, task: str, tokenizer, augmented: bool):
     return train, encoded["dev"]
 
 
-def _grid(p: Params, task: str, tokenizer, section):
+def _grid(p: Params, task: str, tokenizer, section, dev):
     """A grid section of params as the training layer's `Grid` and a `TrainRun` template (metrics, seed, logging)."""
     from distillery.config import PredictionSection
-    from distillery.training.metrics import glue_metrics
+    from distillery.task_kinds import task_kind
     from distillery.training.spec import Grid, TrainRun
 
-    compute, main = glue_metrics(task)
+    kind = task_kind(task)
+    compute, main = kind.metrics(load_task(task)["dev"], dev)  # dev: the encoded dev set the grid evaluates on
+    # a span task's logits have each feature's own length: its teacher runs beside the student instead of cached
     cache = section.cache_teacher_logits if isinstance(section, PredictionSection) else True
+    cache = cache and not is_span(task)
     grid = Grid(learning_rates=tuple(section.lrs), batch_sizes=tuple(section.batch_sizes), epochs=section.epochs,
                 cache_teacher_logits=cache)
-    args = {"warmup_steps": section.warmup_ratio, "seed": p.seed, "per_device_eval_batch_size": 64,
+    args = {**kind.train_args, "warmup_steps": section.warmup_ratio, "seed": p.seed, "per_device_eval_batch_size": 64,
             "save_total_limit": 1, "logging_steps": 5, **checkpoint_options(section.checkpoint_steps)}
     return grid, TrainRun(paths.ROOT, None, tokenizer=tokenizer, args=args, compute_metrics=compute, main_score=main)
 
@@ -152,6 +158,7 @@ def _grid(p: Params, task: str, tokenizer, section):
 def task_context(p: Params, item: str, out: Path, *, general: bool = True):
     """The context of a student's task stage (``general``: start from its general student when it has one)."""
     from distillery.recipes import TaskContext
+    from distillery.task_kinds import task_kind
 
     student, task = split_item(item)
     teacher, tokenizer, labels = _task_teacher(task)
@@ -164,9 +171,11 @@ def task_context(p: Params, item: str, out: Path, *, general: bool = True):
 
     has_general = general and "general_distillation" in student_stages(p, student)
     return TaskContext(student=student, task=task, teacher=teacher, tokenizer=tokenizer, labels=labels, data=data,
-                       out=out, sections=p.task_distillation, train_args=lambda s: train_options(s, p.seed),
-                       grid=lambda s: _grid(p, task, tokenizer, s),
-                       general=paths.general_student(student) / "model" if has_general else None)
+                       out=out, sections=p.task_distillation,
+                       train_args=lambda s: train_options(s, p.seed, **task_kind(task).train_args),
+                       grid=lambda s: _grid(p, task, tokenizer, s, data(False)[1]),
+                       general=paths.general_student(student) / "model" if has_general else None,
+                       head=task_kind(task).head)
 
 
 def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
@@ -251,7 +260,7 @@ def _task_deps(p: Params, item: str) -> list[Path]:
     student, task = split_item(item)
     recipe = p.students[student]
     deps = [paths.task_data(task), paths.teacher(task) / "model"]
-    if recipe.uses_augmented_data and p.augment.enabled:
+    if recipe.uses_augmented_data and p.augment.enabled and not is_span(task):
         deps.append(paths.augmented(task))
     if "general_distillation" in student_stages(p, student):
         deps.append(paths.general_student(student) / "model")
@@ -263,7 +272,7 @@ BASELINE = Stage(
     deps=lambda p, item: [paths.task_data(split_item(item)[1]), paths.teacher(split_item(item)[1]) / "model"]
     + _checkpoint_deps(p, split_item(item)[0]),
     outs=lambda p, item: [paths.baseline(*split_item(item)) / "model"],
-    params=lambda p, item: {"seed": p.seed, "max_length": p.data.max_length,
+    params=lambda p, item: {"seed": p.seed, **encoding(p, split_item(item)[1]),
                             "student": p.students[split_item(item)[0]].model_dump(mode="json"),
                             "direct_finetune": p.task_distillation.finetune.model_dump(mode="json"),
                             "student_dropout": p.task_distillation.student_dropout,
@@ -274,7 +283,7 @@ TASK_DISTILLATION = Stage(
     "task_distillation", distributed(run_task_distillation), device="shared",
     deps=_task_deps,
     outs=lambda p, item: [paths.student(*split_item(item)) / "model"],
-    params=lambda p, item: {"seed": p.seed, "max_length": p.data.max_length,
+    params=lambda p, item: {"seed": p.seed, **encoding(p, split_item(item)[1]),
                             "student": p.students[split_item(item)[0]].model_dump(mode="json"),
                             "augment": p.augment.enabled,
                             "task_distillation": p.task_distillation.model_dump(mode="json"),

@@ -10,10 +10,11 @@ from typing import Any
 from tasks import paths
 from tasks.data import extra_split
 from tasks.stage import Stage, skipped, write_skipped
-from tasks.teacher import gate_failure, load_task, trivial_baseline
+from tasks.teacher import encoding, gate_failure, load_task, trivial_baseline
 
 from distillery.config import Params
 from distillery.io import write_json
+from distillery.task_kinds import is_span
 
 
 def evaluated_models(p: Params, task: str) -> dict[str, Path]:
@@ -38,30 +39,37 @@ def baselines(p: Params, task: str) -> dict[str, Path]:
 
 def run_evaluate(p: Params, task: str) -> dict[str, Any]:
     from datasets import DatasetDict
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers import AutoConfig
 
     from distillery import glue
     from distillery.efficiency import flops_per_example, parameter_counts
     from distillery.evaluation import evaluate_model
+    from distillery.models import load_model
+    from distillery.task_kinds import is_span, task_kind
 
     data = load_task(task)
-    spec = glue.get_task(task)
+    kind, span = task_kind(task, p.data), is_span(task)
     failure = gate_failure(p, task)  # not distilled: every model's submission files get the trivial predictions
+
+    def evaluate(name: str, model_dir: Path):
+        if span:  # dev answers in the official format: metrics/answers/<task>/<model>/predictions.json
+            return kind.evaluate(model_dir, data, p.data.max_length, paths.answers(task, name))
+        return evaluate_model(model_dir, task, data, max_length=p.data.max_length)
+
     results: dict[str, dict[str, Any]] = {}
     for name, model_dir in present(evaluated_models(p, task)).items():
-        metrics, test_logits = evaluate_model(model_dir, task, data, max_length=p.data.max_length)
-        model = AutoModelForSequenceClassification.from_pretrained(str(model_dir))
-        counts = parameter_counts(model)
+        metrics, test_logits = evaluate(name, model_dir)
+        counts = parameter_counts(load_model(model_dir, head=kind.head))
         results[name] = {
             "params": counts["total"],
             "non_embedding_params": counts["non_embedding"],
             "flops": flops_per_example(AutoConfig.from_pretrained(str(model_dir)), p.evaluation.latency_seq_len),
             **metrics,
-            "main": glue.main_score(task, metrics),
+            "main": kind.main_score(metrics),
         }
         if test_logits is not None and failure is None:
             glue.write_submission(task, test_logits, paths.predictions(task) / name, indices=data["test"]["idx"][:])
-        for extra in glue.tasks_evaluated_with(task)[1:]:  # MNLI-mm and AX from the MNLI model
+        for extra in () if span else glue.tasks_evaluated_with(task)[1:]:  # MNLI-mm and AX from the MNLI model
             extra_data = DatasetDict({s: data[extra_split(extra, s)] for s in ("dev", "test")
                                       if extra_split(extra, s) in data})
             extra_metrics, extra_test = evaluate_model(model_dir, extra, extra_data, max_length=p.data.max_length)
@@ -72,19 +80,22 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
     for (name, model_dir), student in zip(baselines(p, task).items(), p.students):
         if skipped(model_dir) is not None:
             continue
-        metrics, _ = evaluate_model(model_dir, task, data, max_length=p.data.max_length)
+        metrics, _ = evaluate(name, model_dir)
         params = (results[student]["params"] if student in results else
-                  parameter_counts(AutoModelForSequenceClassification.from_pretrained(str(model_dir)))["total"])
-        results[name] = {"params": params, **metrics, "main": glue.main_score(task, metrics), "baseline_of": student}
+                  parameter_counts(load_model(model_dir, head=kind.head))["total"])
+        results[name] = {"params": params, **metrics, "main": kind.main_score(metrics), "baseline_of": student}
     results["trivial"] = {**trivial_baseline(task), "baseline_of": "teacher"}
     results["teacher"]["passed_gate"] = failure is None
     if failure is not None:
         results["teacher"]["gate"] = str(failure)
-        _trivial_submission(p, task, data)
+        if not span:
+            _trivial_submission(p, task, data)
     sessions = {}
     if p.evaluation.export_onnx:
         for name in p.students:
-            if name in results:
+            if span:  # the int8 ONNX export of span models (two outputs, length 384) is not built yet
+                write_skipped([paths.export(name, task)], "ONNX export of question-answering models: not supported yet")
+            elif name in results:
                 sessions[f"{name}-int8"] = _export(p, task, name, data, results[name])
             else:  # not distilled: the stage's declared output says why
                 write_skipped([paths.export(name, task)], skipped(paths.student(name, task) / "model") or "skipped")
@@ -141,12 +152,13 @@ def _add_latency(p: Params, task: str, results: dict[str, dict[str, Any]], sessi
     """Latency, throughput and speedup over the teacher on CPU (with the int8 ONNX sessions) and, when
     a GPU is present, again on it: keys latency_ms_b<batch>[_int8|_cuda], throughput_b..., speedup_b..."""
     import torch
-    from transformers import AutoModelForSequenceClassification
 
     from distillery.efficiency import measure_latency
+    from distillery.models import load_model
+    from distillery.task_kinds import task_kind
 
-    models = {name: AutoModelForSequenceClassification.from_pretrained(str(d)).eval()
-              for name, d in present(evaluated_models(p, task)).items()}
+    head = task_kind(task).head
+    models = {name: load_model(d, head=head).eval() for name, d in present(evaluated_models(p, task)).items()}
     for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
         timed = {**models, **sessions} if device == "cpu" else models
         for batch in p.evaluation.latency_batch_sizes:
@@ -182,8 +194,8 @@ def run_report(p: Params, _: str | None) -> dict[str, Any]:
               for t in p.data.tasks if not summary[t]["teacher"]["passed_gate"]]
     written = write_report(summary, paths.REPORTS, loss_curves=curves, latency=latency or None, teacher="teacher",
                            notes=notes, lines=failed)
-    for model in _models(p):
-        written.append(_zip_predictions(p, model))
+    if any(not is_span(t) for t in p.data.tasks):  # the GLUE server's files
+        written += [_zip_predictions(p, model) for model in _models(p)]
     return {"artifacts": [str(w) for w in written] + [str(paths.summary())]}
 
 
@@ -199,10 +211,15 @@ def _zip_predictions(p: Params, model: str) -> Path:
     from distillery import glue
 
     with tempfile.TemporaryDirectory() as tmp:
-        for task in p.data.tasks:
+        for task in [t for t in p.data.tasks if not is_span(t)]:
             for f in sorted((paths.predictions(task) / model).glob("*.tsv")):
                 shutil.copyfile(f, Path(tmp) / f.name)
         return glue.zip_submission(tmp, paths.submission() / f"{model}.zip")
+
+
+def predictions_dir(task: str) -> Path:
+    """A task's predictions: GLUE test files for the server; a span task's dev answers in the official format."""
+    return paths.answers_dir(task) if is_span(task) else paths.predictions(task)
 
 
 def _models(p: Params) -> list[str]:
@@ -266,14 +283,15 @@ def _int8_entry(r: dict[str, Any], teacher_main: float | None) -> dict[str, Any]
 EVALUATE = Stage(
     "evaluate", run_evaluate, device="exclusive",
     deps=lambda p, t: [paths.task_data(t), *evaluated_models(p, t).values(), *baselines(p, t).values()],
-    outs=lambda p, t: [paths.evaluation(t), paths.predictions(t)] + ([paths.export(s, t) for s in p.students] if p.evaluation.export_onnx else []),
-    params=lambda p, t: {"max_length": p.data.max_length, "evaluation": p.evaluation.model_dump(mode="json"),
+    outs=lambda p, t: [paths.evaluation(t), predictions_dir(t)] + ([paths.export(s, t) for s in p.students] if p.evaluation.export_onnx else []),
+    params=lambda p, t: {**encoding(p, t), "evaluation": p.evaluation.model_dump(mode="json"),
                          "min_gain_over_trivial": p.finetune.min_gain_over_trivial},
-    code=("distillery/evaluation.py", "distillery/efficiency", "distillery/glue", "tasks/evaluate.py", "tasks/teacher.py"),
+    code=("distillery/evaluation.py", "distillery/efficiency", "distillery/glue", "distillery/squad",
+          "distillery/task_kinds.py", "tasks/evaluate.py", "tasks/teacher.py"),
 )
 REPORT = Stage(
     "report", run_report,
-    deps=lambda p, _: [paths.evaluation(t) for t in p.data.tasks] + [paths.predictions(t) for t in p.data.tasks],
+    deps=lambda p, _: [paths.evaluation(t) for t in p.data.tasks] + [predictions_dir(t) for t in p.data.tasks],
     outs=lambda p, _: [paths.summary(), paths.REPORTS / "table.md"],
     params=lambda p, _: {"tasks": p.data.tasks, "students": sorted(p.students), "baselines": p.evaluation.baselines,
                          "max_eval_examples": p.data.max_eval_examples,

@@ -98,6 +98,16 @@ def predictions(task: str) -> Path:
     return DATA / "predictions" / task
 
 
+def answers_dir(task: str) -> Path:
+    """A span task's dev answers, one directory per model."""
+    return METRICS / "answers" / task
+
+
+def answers(task: str, model: str) -> Path:
+    """A span task's dev answers of one model, in the official SQuAD format ({question id: answer text})."""
+    return answers_dir(task) / model / "predictions.json"
+
+
 def submission() -> Path:
     """One zip per model with its predictions for every task, ready to upload."""
     return REPORTS / "submission"

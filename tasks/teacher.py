@@ -100,6 +100,16 @@ def teacher_name(p: Params) -> str:
     return str(path) if path.exists() else p.teacher.name_or_path  # a Hub name
 
 
+def encoding(p: Params, task: str) -> dict[str, int]:
+    """The params that shape a task's encoded inputs (a stage's cache key): the length, and a span task's windows."""
+    from distillery.task_kinds import is_span
+
+    out = {"max_length": p.data.max_length}
+    if is_span(task):
+        out.update(doc_stride=p.data.doc_stride, max_query_length=p.data.max_query_length)
+    return out
+
+
 def load_task(task: str):
     """The prepared task. Caching is off so that `.map` never writes cache files into a stage's output
     (that would change its fingerprint, and DVC would see a modified output)."""
@@ -112,25 +122,21 @@ def load_task(task: str):
 def run_finetune_teacher(p: Params, task: str) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
-    from distillery import glue
-    from distillery.models import load_teacher
+    from distillery.task_kinds import task_kind
     from distillery.training.finetune import finetune
-    from distillery.training.metrics import glue_metrics
     from distillery.training.spec import TrainRun
 
-    spec = glue.get_task(task)
+    kind = task_kind(task, p.data)
     source = finetune_source(p)
     own = p.teacher.init == "pretrained" and source == teacher_name(p)  # else a pre-training output, tokenizer inside
     tokenizer = AutoTokenizer.from_pretrained(str(resolve(p.teacher.tokenizer)) if own and p.teacher.tokenizer else source)
-    data = glue.encode(load_task(task), tokenizer, task, p.data.max_length)
-    model = load_teacher(source, head="sequence-classification", num_labels=spec.num_labels,
-                         regression=spec.is_regression)
-    if not spec.is_regression:  # the task's label names travel with the teacher and its students
-        model.config.id2label, model.config.label2id = spec.id2label, spec.label2id
-    compute, main = glue_metrics(task)
+    raw = load_task(task)
+    data = kind.encode(raw, tokenizer, p.data.max_length)
+    compute, main = kind.metrics(raw["dev"], data["dev"])
     out = paths.teacher(task)
-    finetune(model, TrainRun(out, data["train"], data["dev"], tokenizer=tokenizer, compute_metrics=compute,
-                             main_score=main, args=train_options(p.finetune, p.seed)))
+    finetune(kind.load_teacher(source), TrainRun(out, data["train"], data["dev"], tokenizer=tokenizer,
+                                                 compute_metrics=compute, main_score=main,
+                                                 args=train_options(p.finetune, p.seed, **kind.train_args)))
     final = finish(out)
     return {"curve": final / "train_log.csv", "metrics_file": final / "metrics.json"}
 
@@ -142,12 +148,11 @@ class TeacherGateError(SkipStage, UserError, RuntimeError):
 
 
 def trivial_baseline(task: str) -> dict[str, float]:
-    """The task's trivial baseline on its dev split (majority class / mean score of the training labels)."""
-    from distillery import glue
+    """The task's trivial baseline on its dev split: majority class / mean score of the training labels; for a span
+    task the question-overlap sentence baseline (`distillery.task_kinds`)."""
+    from distillery.task_kinds import task_kind
 
-    data = load_task(task)
-    metrics = glue.trivial_baseline(task, data["train"]["label"][:], data["dev"]["label"][:])
-    return {**metrics, "main": glue.main_score(task, metrics)}
+    return task_kind(task).trivial(load_task(task))
 
 
 def beats_trivial(p: Params, score: float, trivial: float) -> bool:
@@ -161,12 +166,12 @@ def gate_failure(p: Params, task: str) -> TeacherGateError | None:
     change; its `reason` the short form a skipped stage prints)."""
     import json
 
-    from distillery import glue
+    from distillery.task_kinds import task_kind
 
     p = p.for_task(task)
     metrics_file = paths.teacher(task) / "model" / "metrics.json"
     metrics = {k.removeprefix("eval_"): v for k, v in json.loads(metrics_file.read_text()).items()}
-    score = glue.main_score(task, metrics)
+    score = task_kind(task).main_score(metrics)
     trivial = trivial_baseline(task)["main"]
     if beats_trivial(p, score, trivial):
         return None
@@ -215,9 +220,10 @@ FINETUNE_TEACHER = Stage(
     "finetune_teacher", distributed(run_finetune_teacher), device="shared",
     deps=lambda p, t: [paths.task_data(t)] + _finetune_source_deps(p),
     outs=lambda p, t: [paths.teacher(t) / "model"],
-    params=lambda p, t: {"seed": p.seed, "max_length": p.data.max_length,
+    params=lambda p, t: {"seed": p.seed, **encoding(p, t),
                          "finetune": p.finetune.model_dump(mode="json", exclude={"min_gain_over_trivial",
                                                                                   "stop_on_failed_gate"}),
                          "teacher": p.teacher.model_dump(mode="json"), **distributed_params(p)},
-    code=("distillery/training", "distillery/models.py", "distillery/glue", "tasks/teacher.py"),
+    code=("distillery/training", "distillery/models.py", "distillery/glue", "distillery/squad",
+          "distillery/task_kinds.py", "tasks/teacher.py"),
 )

@@ -180,7 +180,8 @@ class TaskContext:
     the student's general-distillation output (None when it has none); ``sections``: the run's
     ``task_distillation`` params (intermediate, prediction, finetune, student_dropout); ``train_args(section)``: the
     TrainingArguments of a training section; ``grid(section)``: the ``Grid`` and the ``TrainRun`` template (metrics,
-    seed, checkpoints) of a grid section."""
+    seed, checkpoints) of a grid section. ``head``: the model head of the task ("sequence-classification", or
+    "question-answering" for a span task: every model of the task carries it)."""
 
     student: str
     task: str
@@ -193,6 +194,13 @@ class TaskContext:
     train_args: Callable[[Any], dict[str, Any]]
     grid: Callable[[Any], tuple[Any, Any]]
     general: Path | None = None
+    head: str = "sequence-classification"
+
+    def load(self, path: Path):
+        """A saved student of the task (its head, the task's label settings)."""
+        from distillery.models import load_model
+
+        return load_model(path, head=self.head, **self.labels)
 
 
 @dataclass(frozen=True)
@@ -420,14 +428,12 @@ def task_student(recipe: Recipe, ctx: TaskContext, *, general: bool = True) -> C
     """A factory of the task stage's starting student: the general student (when it ran and ``general``), else the
     recipe's init (teacher layers come from the fine-tuned teacher, whose classifier is copied too; a checkpoint
     gets a fresh classifier); with ``task_distillation.student_dropout`` applied when set."""
-    from transformers import AutoModelForSequenceClassification
-
     if general and ctx.general is not None:
         def factory():
-            return AutoModelForSequenceClassification.from_pretrained(str(ctx.general), **ctx.labels)
+            return ctx.load(ctx.general)
     else:
         def factory():
-            return recipe.start_student(ctx.teacher, ctx.tokenizer, head="sequence-classification", **ctx.labels)
+            return recipe.start_student(ctx.teacher, ctx.tokenizer, head=ctx.head, **ctx.labels)
     rate = ctx.sections.student_dropout
     if rate is None:
         return factory

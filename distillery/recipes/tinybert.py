@@ -86,8 +86,6 @@ class TinyBertRecipe(Recipe):
     def task_stage(self, ctx: TaskContext):
         """Step 1 (intermediate layers on the augmented set, continuing the general student's projection), then
         step 2 (prediction layer over the grid; teacher logits computed once and reused by every run)."""
-        from transformers import AutoModelForSequenceClassification
-
         from distillery.models import num_layers
         from distillery.training.distill import distill
         from distillery.training.spec import TrainRun
@@ -104,7 +102,5 @@ class TinyBertRecipe(Recipe):
             step1 = distill(ctx.teacher, model, spec, TrainRun(ctx.out / "intermediate", train, tokenizer=ctx.tokenizer,
                                                                 args=ctx.train_args(ctx.sections.intermediate)))
         # (step 1's saved config carries task_distillation.student_dropout, so the reload keeps it)
-        labels = ctx.labels
-        grid = prediction_stage(self, ctx, lambda: AutoModelForSequenceClassification.from_pretrained(str(step1), **labels),
-                                ctx.out / "grid", augmented=augmented)
+        grid = prediction_stage(self, ctx, lambda: ctx.load(step1), ctx.out / "grid", augmented=augmented)
         return grid, step1 / "train_log.csv"

@@ -1,0 +1,171 @@
+"""What the pipeline does differently for a sentence(-pair) classification task (GLUE) and a span task (SQuAD).
+
+A `TaskKind` answers every task-dependent question of the stages in one place: the model head the teacher and
+students carry, the keyword arguments a model of the task is built with, how the prepared splits are encoded,
+the dev metrics and the main score (in [0, 1]: GLUE's own scores, a span task's F1 / 100, so that the teacher
+gate's `min_gain_over_trivial` and retention read the same on both), the trivial baseline, and evaluation.
+
+- `ClassificationKind`: the GLUE registry (`distillery.glue`); trivial baseline: majority class / mean score.
+- `SpanKind`: SQuAD v1.1 (`squad`) and v2.0 (`squad_v2`) (`distillery.squad`): a question-answering head, features
+  of at most `max_length` tokens (doc stride 128, query 64), the official EM/F1 (0-100), trivial baseline: the
+  question-overlap sentence baseline of the SQuAD paper (`sentence_baseline`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+SPAN_TASKS = {"squad": "1.1", "squad_v2": "2.0"}
+
+
+class ClassificationKind:
+    head = "sequence-classification"
+    train_args: Mapping[str, Any] = {}
+
+    def __init__(self, task: str) -> None:
+        from distillery import glue
+
+        self.task, self.spec = task, glue.get_task(task)
+
+    def model_kwargs(self, config=None) -> dict[str, Any]:
+        """The label settings every model of the task is built with (a teacher's config gives the names)."""
+        spec = self.spec
+        kwargs: dict[str, Any] = {"num_labels": spec.num_labels,
+                                  "id2label": config.id2label if config is not None else spec.id2label,
+                                  "label2id": config.label2id if config is not None else spec.label2id}
+        if spec.is_regression:
+            kwargs["problem_type"] = "regression"
+        return kwargs
+
+    def load_teacher(self, source: str):
+        from distillery.models import load_teacher
+
+        model = load_teacher(source, head=self.head, num_labels=self.spec.num_labels, regression=self.spec.is_regression)
+        if not self.spec.is_regression:  # the task's label names travel with the teacher and its students
+            model.config.id2label, model.config.label2id = self.spec.id2label, self.spec.label2id
+        return model
+
+    def encode(self, data, tokenizer, max_length: int):
+        from distillery import glue
+
+        return glue.encode(data, tokenizer, self.task, max_length)
+
+    def metrics(self, dev_examples=None, dev_features=None) -> tuple[Callable, Callable]:
+        from distillery.training.metrics import glue_metrics
+
+        return glue_metrics(self.task)
+
+    def main_score(self, metrics: Mapping[str, float]) -> float:
+        from distillery import glue
+
+        return glue.main_score(self.task, metrics)
+
+    def trivial(self, data) -> dict[str, float]:
+        from distillery import glue
+
+        metrics = glue.trivial_baseline(self.task, data["train"]["label"][:], data["dev"]["label"][:])
+        return {**metrics, "main": self.main_score(metrics)}
+
+    def evaluate(self, model_dir: Path, data, max_length: int):
+        """(dev metrics, test logits or None) of a saved model."""
+        from distillery.evaluation import evaluate_model
+
+        return evaluate_model(model_dir, self.task, data, max_length=max_length)
+
+
+class SpanKind:
+    head = "question-answering"
+    train_args: Mapping[str, Any] = {"label_names": ["start_positions", "end_positions"]}
+
+    def __init__(self, task: str, doc_stride: int = 128, max_query_length: int = 64) -> None:
+        self.task, self.version = task, SPAN_TASKS[task]
+        self.doc_stride, self.max_query_length = doc_stride, max_query_length
+
+    def model_kwargs(self, config=None) -> dict[str, Any]:
+        return {}
+
+    def load_teacher(self, source: str):
+        from distillery.models import load_teacher
+
+        return load_teacher(source, head=self.head)
+
+    def feature_config(self, max_length: int):
+        from distillery.squad.features import FeatureConfig
+
+        return FeatureConfig(max_length=max_length, doc_stride=self.doc_stride, max_query_length=self.max_query_length)
+
+    def encode(self, data, tokenizer, max_length: int):
+        """{"train": training features (start/end positions), "dev": evaluation features (offsets, example ids)}."""
+        from datasets import DatasetDict
+
+        from distillery.squad.features import prepare_eval_features, prepare_train_features
+
+        config = self.feature_config(max_length)
+        out = {}
+        if "train" in data:
+            out["train"] = prepare_train_features(data["train"], tokenizer, config)
+        if "dev" in data:
+            out["dev"] = prepare_eval_features(data["dev"], tokenizer, config)
+        return DatasetDict(out)
+
+    def metrics(self, dev_examples, dev_features) -> tuple[Callable, Callable]:
+        from distillery.squad.evaluate import SpanMetrics
+
+        return SpanMetrics(dev_examples, dev_features, self.version), self.main_score
+
+    def main_score(self, metrics: Mapping[str, float]) -> float:
+        return float(metrics["f1"]) / 100.0
+
+    def trivial(self, data) -> dict[str, float]:
+        from distillery.squad.data import gold_answers
+        from distillery.squad.metrics import evaluate, sentence_baseline
+
+        dev = data["dev"]
+        scores = evaluate(gold_answers(dev), sentence_baseline(dev), "1.1")  # it always answers: v1.1 scoring
+        metrics = {"em": scores["exact_match"], "f1": scores["f1"]}
+        return {**metrics, "main": self.main_score(metrics)}
+
+    def evaluate(self, model_dir: Path, data, max_length: int, predictions_file: Path | None = None):
+        """(dev EM/F1, None): the model's answers to the dev questions, written in the official format to
+        `predictions_file` (v2.0: with the null odds beside it) when given."""
+        import torch
+        from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+        from distillery.evaluation import batches
+        from distillery.squad.metrics import write_predictions
+        from distillery.squad.postprocess import null_odds, prediction_texts
+
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        model = AutoModelForQuestionAnswering.from_pretrained(str(model_dir)).eval()
+        dev = data["dev"]
+        features = self.encode({"dev": dev}, tokenizer, max_length)["dev"]
+        starts, ends = [], []
+        with torch.inference_mode():
+            for batch in batches(model, tokenizer, features):
+                out = model(**batch)
+                starts += list(out.start_logits.float().numpy())
+                ends += list(out.end_logits.float().numpy())
+        compute, _ = self.metrics(dev, features)
+        width = max(len(s) for s in starts)
+        pad = lambda rows: np.stack([np.pad(r, (0, width - len(r)), constant_values=-1e4) for r in rows])  # noqa: E731
+        metrics = compute((pad(starts), pad(ends)))
+        if predictions_file is not None:
+            odds = null_odds(compute.answers) if self.version == "2.0" else None
+            write_predictions(predictions_file, prediction_texts(compute.answers), odds)
+        return metrics, None
+
+
+def task_kind(task: str, data=None) -> ClassificationKind | SpanKind:
+    """The kind of `task`; `data` (the params' data section) gives a span task's doc stride and query length."""
+    if task not in SPAN_TASKS:
+        return ClassificationKind(task)
+    return SpanKind(task) if data is None else SpanKind(task, data.doc_stride, data.max_query_length)
+
+
+def is_span(task: str) -> bool:
+    return task in SPAN_TASKS
