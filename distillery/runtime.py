@@ -47,7 +47,8 @@ class ThreadGovernor:
     """Keeps torch's intra-op thread count at the number of cores other processes leave free (see the module)."""
 
     def __init__(self, max_threads: int | None = None, every: float = 1.0) -> None:
-        self.cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+        affinity = getattr(os, "sched_getaffinity", None)
+        self.cpus = set(affinity(0)) if affinity is not None else set(range(os.cpu_count() or 1))
         self.max_threads = max_threads or torch.get_num_threads()
         self.every = every
         self._last: tuple[float, float, float] | None = None

@@ -13,8 +13,6 @@ gate's `min_gain_over_trivial` and retention read the same on both), the trivial
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -45,7 +43,8 @@ class ClassificationKind:
     def load_teacher(self, source: str):
         from distillery.models import load_teacher
 
-        model = load_teacher(source, head=self.head, num_labels=self.spec.num_labels, regression=self.spec.is_regression)
+        spec = self.spec
+        model = load_teacher(source, head=self.head, num_labels=spec.num_labels, regression=spec.is_regression)
         if not self.spec.is_regression:  # the task's label names travel with the teacher and its students
             model.config.id2label, model.config.label2id = self.spec.id2label, self.spec.label2id
         return model

@@ -137,14 +137,15 @@ def _train_set(p: Params, task: str, tokenizer, augmented: bool):
     return train, encoded["dev"]
 
 
-def _grid(p: Params, task: str, tokenizer, section, dev):
+def _grid(p: Params, task: str, tokenizer, section, dev: Callable[[], Any]):
     """A grid section of params as the training layer's `Grid` and a `TrainRun` template (metrics, seed, logging)."""
     from distillery.config import PredictionSection
     from distillery.task_kinds import task_kind
     from distillery.training.spec import Grid, TrainRun
 
     kind = task_kind(task)
-    compute, main = kind.metrics(load_task(task)["dev"], dev)  # dev: the encoded dev set the grid evaluates on
+    # a span task's metrics read the dev questions and the encoded dev features the grid evaluates on
+    compute, main = kind.metrics(load_task(task)["dev"], dev()) if is_span(task) else kind.metrics()
     # a span task's logits have each feature's own length: its teacher runs beside the student instead of cached
     cache = section.cache_teacher_logits if isinstance(section, PredictionSection) else True
     cache = cache and not is_span(task)
@@ -173,7 +174,7 @@ def task_context(p: Params, item: str, out: Path, *, general: bool = True):
     return TaskContext(student=student, task=task, teacher=teacher, tokenizer=tokenizer, labels=labels, data=data,
                        out=out, sections=p.task_distillation,
                        train_args=lambda s: train_options(s, p.seed, **task_kind(task).train_args),
-                       grid=lambda s: _grid(p, task, tokenizer, s, data(False)[1]),
+                       grid=lambda s: _grid(p, task, tokenizer, s, lambda: data(False)[1]),
                        general=paths.general_student(student) / "model" if has_general else None,
                        head=task_kind(task).head)
 

@@ -283,7 +283,8 @@ def _int8_entry(r: dict[str, Any], teacher_main: float | None) -> dict[str, Any]
 EVALUATE = Stage(
     "evaluate", run_evaluate, device="exclusive",
     deps=lambda p, t: [paths.task_data(t), *evaluated_models(p, t).values(), *baselines(p, t).values()],
-    outs=lambda p, t: [paths.evaluation(t), predictions_dir(t)] + ([paths.export(s, t) for s in p.students] if p.evaluation.export_onnx else []),
+    outs=lambda p, t: [paths.evaluation(t), predictions_dir(t)]
+    + ([paths.export(s, t) for s in p.students] if p.evaluation.export_onnx else []),
     params=lambda p, t: {**encoding(p, t), "evaluation": p.evaluation.model_dump(mode="json"),
                          "min_gain_over_trivial": p.finetune.min_gain_over_trivial},
     code=("distillery/evaluation.py", "distillery/efficiency", "distillery/glue", "distillery/squad",
