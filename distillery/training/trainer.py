@@ -44,6 +44,10 @@ def train_and_export(
     ``run.param_groups``: the only parameters trained, each at its own learning-rate scale (``scaled_adamw``)."""
     optimizer = scaled_adamw(run.param_groups, targs) if run.param_groups is not None else None
     metric_fn = run.compute_metrics if evaluate else None
+    if getattr(metric_fn, "takes_logits", False) and targs.train_sampling_strategy == "group_by_length":
+        # transformers 5 orders evaluation batches by length too: span metrics would pair logits with other features
+        raise ValueError("train_sampling_strategy 'group_by_length' also reorders evaluation, and span metrics read "
+                         "the predictions in dataset order; train span models with the default sampling")
     trainer = trainer_cls(
         model=model,
         args=targs,
