@@ -20,6 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: MobileBERT's MLM head has a zero-width dense part when the embedding is as wide as the hidden state (by design).
 QUIET_WARNINGS = (
     r"Initializing zero-element tensors is a no-op",
+    # MLflow's advice while it loads the registered pyfunc (whose signature is logged explicitly), seen once in a
+    # dask worker; the message starts with a colour code
+    r"(\x1b\[[0-9;]*m)?Any type hint is inferred",
 )
 
 

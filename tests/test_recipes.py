@@ -293,7 +293,7 @@ def test_student_dropout_reaches_the_task_stage_students(tok):
     def start(data):
         p = parse_params(data)
         ctx = SimpleNamespace(sections=p.task_distillation, general=None, teacher=teacher, tokenizer=tok,
-                              labels={"num_labels": 2})
+                              labels={"num_labels": 2}, head="sequence-classification")
         return p, task_student(p.students["tinybert-demo"], ctx)()
 
     data = demo()
