@@ -45,8 +45,8 @@ class ClassificationKind:
 
         spec = self.spec
         model = load_teacher(source, head=self.head, num_labels=spec.num_labels, regression=spec.is_regression)
-        if not self.spec.is_regression:  # the task's label names travel with the teacher and its students
-            model.config.id2label, model.config.label2id = self.spec.id2label, self.spec.label2id
+        if not spec.is_regression:  # the task's label names travel with the teacher and its students
+            model.config.id2label, model.config.label2id = spec.id2label, spec.label2id
         return model
 
     def encode(self, data, tokenizer, max_length: int):
@@ -69,12 +69,6 @@ class ClassificationKind:
 
         metrics = glue.trivial_baseline(self.task, data["train"]["label"][:], data["dev"]["label"][:])
         return {**metrics, "main": self.main_score(metrics)}
-
-    def evaluate(self, model_dir: Path, data, max_length: int):
-        """(dev metrics, test logits or None) of a saved model."""
-        from distillery.evaluation import evaluate_model
-
-        return evaluate_model(model_dir, self.task, data, max_length=max_length)
 
 
 class SpanKind:

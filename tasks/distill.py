@@ -21,7 +21,7 @@ from tasks.teacher import (checkpoint_options, encoding, finish, load_task, teac
                            train_options)
 
 from distillery.config import Params
-from distillery.task_kinds import is_span
+from distillery.task_kinds import is_span, task_kind
 
 TRAINING_CODE = ("distillery/training", "distillery/objectives", "distillery/capture.py", "distillery/layer_map.py",
                  "distillery/models.py", "distillery/recipes", "distillery/ib_teacher.py", "distillery/corpus.py",
@@ -102,7 +102,6 @@ def _task_teacher(task: str):
     from transformers import AutoTokenizer
 
     from distillery.models import load_model
-    from distillery.task_kinds import task_kind
 
     kind = task_kind(task)
     teacher_dir = paths.teacher(task) / "model"
@@ -118,7 +117,6 @@ def _train_set(p: Params, task: str, tokenizer, augmented: bool):
     from datasets import DatasetDict, concatenate_datasets
 
     from distillery import glue
-    from distillery.task_kinds import is_span, task_kind
 
     data = load_task(task)
     splits = {"train": data["train"], "dev": data["dev"]}
@@ -140,7 +138,6 @@ def _train_set(p: Params, task: str, tokenizer, augmented: bool):
 def _grid(p: Params, task: str, tokenizer, section, dev: Callable[[], Any]):
     """A grid section of params as the training layer's `Grid` and a `TrainRun` template (metrics, seed, logging)."""
     from distillery.config import PredictionSection
-    from distillery.task_kinds import task_kind
     from distillery.training.spec import Grid, TrainRun
 
     kind = task_kind(task)
@@ -159,9 +156,9 @@ def _grid(p: Params, task: str, tokenizer, section, dev: Callable[[], Any]):
 def task_context(p: Params, item: str, out: Path, *, general: bool = True):
     """The context of a student's task stage (``general``: start from its general student when it has one)."""
     from distillery.recipes import TaskContext
-    from distillery.task_kinds import task_kind
 
     student, task = split_item(item)
+    kind = task_kind(task)
     teacher, tokenizer, labels = _task_teacher(task)
     encoded: dict[bool, tuple] = {}
 
@@ -173,10 +170,10 @@ def task_context(p: Params, item: str, out: Path, *, general: bool = True):
     has_general = general and "general_distillation" in student_stages(p, student)
     return TaskContext(student=student, task=task, teacher=teacher, tokenizer=tokenizer, labels=labels, data=data,
                        out=out, sections=p.task_distillation,
-                       train_args=lambda s: train_options(s, p.seed, **task_kind(task).train_args),
+                       train_args=lambda s: train_options(s, p.seed, **kind.train_args),
                        grid=lambda s: _grid(p, task, tokenizer, s, lambda: data(False)[1]),
                        general=paths.general_student(student) / "model" if has_general else None,
-                       head=task_kind(task).head)
+                       head=kind.head)
 
 
 def run_task_distillation(p: Params, item: str) -> dict[str, Any]:

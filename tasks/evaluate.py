@@ -14,7 +14,7 @@ from tasks.teacher import encoding, gate_failure, load_task, trivial_baseline
 
 from distillery.config import Params
 from distillery.io import write_json
-from distillery.task_kinds import is_span
+from distillery.task_kinds import is_span, task_kind
 
 
 def evaluated_models(p: Params, task: str) -> dict[str, Path]:
@@ -45,7 +45,6 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
     from distillery.efficiency import flops_per_example, parameter_counts
     from distillery.evaluation import evaluate_model
     from distillery.models import load_model
-    from distillery.task_kinds import is_span, task_kind
 
     data = load_task(task)
     kind, span = task_kind(task, p.data), is_span(task)
@@ -155,7 +154,6 @@ def _add_latency(p: Params, task: str, results: dict[str, dict[str, Any]], sessi
 
     from distillery.efficiency import measure_latency
     from distillery.models import load_model
-    from distillery.task_kinds import task_kind
 
     head = task_kind(task).head
     models = {name: load_model(d, head=head).eval() for name, d in present(evaluated_models(p, task)).items()}
