@@ -61,6 +61,9 @@ class DataSection(Section):
     # `max_query_length` tokens (BERT's SQuAD settings: 384 / 128 / 64)
     doc_stride: int = Field(128, ge=1)
     max_query_length: int = Field(64, ge=1)
+    # task training (teacher fine-tuning, task distillation, direct baselines) in batches of similar length: less
+    # padding, which matters at SQuAD's 384 tokens (transformers' LengthGroupedSampler; evaluation keeps its scores)
+    group_by_length: bool = False
     max_train_examples: int | None = Field(None, ge=1)
     max_eval_examples: int | None = Field(None, ge=1)
     max_length: int = Field(64, ge=8, le=512)

@@ -21,14 +21,19 @@ import numpy as np
 SPAN_TASKS = {"squad": "1.1", "squad_v2": "2.0"}
 
 
+def grouping(group_by_length: bool) -> dict[str, Any]:
+    """TrainingArguments of task training: batches of similar length (less padding) or the Trainer's random ones."""
+    return {"train_sampling_strategy": "group_by_length"} if group_by_length else {}
+
+
 class ClassificationKind:
     head = "sequence-classification"
-    train_args: Mapping[str, Any] = {}
 
-    def __init__(self, task: str) -> None:
+    def __init__(self, task: str, group_by_length: bool = False) -> None:
         from distillery import glue
 
         self.task, self.spec = task, glue.get_task(task)
+        self.train_args: Mapping[str, Any] = grouping(group_by_length)
 
     def model_kwargs(self, config=None) -> dict[str, Any]:
         """The label settings every model of the task is built with (a teacher's config gives the names)."""
@@ -73,11 +78,13 @@ class ClassificationKind:
 
 class SpanKind:
     head = "question-answering"
-    train_args: Mapping[str, Any] = {"label_names": ["start_positions", "end_positions"]}
 
-    def __init__(self, task: str, doc_stride: int = 128, max_query_length: int = 64) -> None:
+    def __init__(self, task: str, doc_stride: int = 128, max_query_length: int = 64, group_by_length: bool = False
+                 ) -> None:
         self.task, self.version = task, SPAN_TASKS[task]
         self.doc_stride, self.max_query_length = doc_stride, max_query_length
+        self.train_args: Mapping[str, Any] = {"label_names": ["start_positions", "end_positions"],
+                                              **grouping(group_by_length)}
 
     def model_kwargs(self, config=None) -> dict[str, Any]:
         return {}
@@ -106,10 +113,11 @@ class SpanKind:
             out["dev"] = prepare_eval_features(data["dev"], tokenizer, config)
         return DatasetDict(out)
 
-    def metrics(self, dev_examples, dev_features) -> tuple[Callable, Callable]:
+    def metrics(self, dev_examples, dev_features, pad_id: int = 0) -> tuple[Callable, Callable]:
+        """(compute_metrics, main score); `pad_id`: the tokenizer's, which pads the evaluated batches."""
         from distillery.squad.evaluate import SpanMetrics
 
-        return SpanMetrics(dev_examples, dev_features, self.version), self.main_score
+        return SpanMetrics(dev_examples, dev_features, self.version, pad_id), self.main_score
 
     def main_score(self, metrics: Mapping[str, float]) -> float:
         return float(metrics["f1"]) / 100.0
@@ -154,10 +162,14 @@ class SpanKind:
 
 
 def task_kind(task: str, data=None) -> ClassificationKind | SpanKind:
-    """The kind of `task`; `data` (the params' data section) gives a span task's doc stride and query length."""
+    """The kind of `task`; `data` (the params' data section) gives the length grouping of task training and a span
+    task's doc stride and query length."""
+    grouped = bool(data is not None and data.group_by_length)
     if task not in SPAN_TASKS:
-        return ClassificationKind(task)
-    return SpanKind(task) if data is None else SpanKind(task, data.doc_stride, data.max_query_length)
+        return ClassificationKind(task, grouped)
+    if data is None:
+        return SpanKind(task)
+    return SpanKind(task, data.doc_stride, data.max_query_length, grouped)
 
 
 def is_span(task: str) -> bool:

@@ -140,9 +140,9 @@ def _grid(p: Params, task: str, tokenizer, section, dev: Callable[[], Any]):
     from distillery.config import PredictionSection
     from distillery.training.spec import Grid, TrainRun
 
-    kind = task_kind(task)
+    kind = task_kind(task, p.data)
     # a span task's metrics read the dev questions and the encoded dev features the grid evaluates on
-    compute, main = kind.metrics(load_task(task)["dev"], dev()) if is_span(task) else kind.metrics()
+    compute, main = kind.metrics(load_task(task)["dev"], dev(), tokenizer.pad_token_id) if is_span(task) else kind.metrics()
     # a span task's logits have each feature's own length: its teacher runs beside the student instead of cached
     cache = section.cache_teacher_logits if isinstance(section, PredictionSection) else True
     cache = cache and not is_span(task)
@@ -158,7 +158,7 @@ def task_context(p: Params, item: str, out: Path, *, general: bool = True):
     from distillery.recipes import TaskContext
 
     student, task = split_item(item)
-    kind = task_kind(task)
+    kind = task_kind(task, p.data)
     teacher, tokenizer, labels = _task_teacher(task)
     encoded: dict[bool, tuple] = {}
 

@@ -132,7 +132,7 @@ def run_finetune_teacher(p: Params, task: str) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(str(resolve(p.teacher.tokenizer)) if own and p.teacher.tokenizer else source)
     raw = load_task(task)
     data = kind.encode(raw, tokenizer, p.data.max_length)
-    compute, main = kind.metrics(raw["dev"], data["dev"])
+    compute, main = kind.metrics(raw["dev"], data["dev"], tokenizer.pad_token_id)
     out = paths.teacher(task)
     finetune(kind.load_teacher(source), TrainRun(out, data["train"], data["dev"], tokenizer=tokenizer,
                                                  compute_metrics=compute, main_score=main,

@@ -29,12 +29,14 @@ def predictions_from_logits(logits: np.ndarray) -> np.ndarray:
 def trainer_metrics(metric_fn: MetricFn, main_score: Callable[[dict], float] | str | None = None):
     """Wrap `metric_fn(predictions, labels) -> dict` for `Trainer(compute_metrics=...)`, adding `"main"`. A
     `metric_fn` with a true `takes_logits` attribute (a span task's, `distillery.squad.evaluate.SpanMetrics`) gets the
-    Trainer's raw predictions and labels instead of class ids."""
+    Trainer's raw predictions and labels instead of class ids, and the input ids (`inputs=`) when the Trainer was
+    asked for them (`include_for_metrics=["inputs"]`)."""
     raw = getattr(metric_fn, "takes_logits", False)
 
     def compute(pred: EvalPrediction) -> dict:
         if raw:
-            metrics = dict(metric_fn(pred.predictions, pred.label_ids))
+            inputs = {"inputs": pred.inputs} if pred.inputs is not None else {}
+            metrics = dict(metric_fn(pred.predictions, pred.label_ids, **inputs))
         else:
             labels = pred.label_ids[0] if isinstance(pred.label_ids, tuple) else pred.label_ids
             metrics = dict(metric_fn(predictions_from_logits(pred.predictions), np.asarray(labels)))

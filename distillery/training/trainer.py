@@ -5,6 +5,7 @@ when there is one, and export ``output_dir/model`` with its ``train_log.csv`` (`
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -45,9 +46,9 @@ def train_and_export(
     optimizer = scaled_adamw(run.param_groups, targs) if run.param_groups is not None else None
     metric_fn = run.compute_metrics if evaluate else None
     if getattr(metric_fn, "takes_logits", False) and targs.train_sampling_strategy == "group_by_length":
-        # transformers 5 orders evaluation batches by length too: span metrics would pair logits with other features
-        raise ValueError("train_sampling_strategy 'group_by_length' also reorders evaluation, and span metrics read "
-                         "the predictions in dataset order; train span models with the default sampling")
+        # transformers 5 orders evaluation batches by length too: the input ids put span logits back in feature order
+        targs = copy.copy(targs)
+        targs.include_for_metrics = sorted({*targs.include_for_metrics, "inputs"})
     trainer = trainer_cls(
         model=model,
         args=targs,
