@@ -33,6 +33,7 @@ class ClassificationKind:
         from distillery import glue
 
         self.task, self.spec = task, glue.get_task(task)
+        self.metric_names: tuple[str, ...] = tuple(self.spec.metrics)
         self.train_args: Mapping[str, Any] = grouping(group_by_length)
 
     def model_kwargs(self, config=None) -> dict[str, Any]:
@@ -78,6 +79,7 @@ class ClassificationKind:
 
 class SpanKind:
     head = "question-answering"
+    metric_names = ("em", "f1")  # the official exact match and F1, 0-100
 
     def __init__(self, task: str, doc_stride: int = 128, max_query_length: int = 64, group_by_length: bool = False
                  ) -> None:
@@ -131,9 +133,11 @@ class SpanKind:
         metrics = {"em": scores["exact_match"], "f1": scores["f1"]}
         return {**metrics, "main": self.main_score(metrics)}
 
-    def evaluate(self, model_dir: Path, data, max_length: int, predictions_file: Path | None = None):
+    def evaluate(self, model_dir: Path, data, max_length: int, predictions_file: Path | None = None,
+                 session=None):
         """(dev EM/F1, None): the model's answers to the dev questions, written in the official format to
-        `predictions_file` (v2.0: with the null odds beside it) when given."""
+        `predictions_file` (v2.0: with the null odds beside it) when given. `session`: an exported copy of the model
+        (`distillery.efficiency.OnnxModel`, its output the (batch, 2, tokens) span logits) answers instead."""
         import torch
         from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
@@ -142,19 +146,21 @@ class SpanKind:
         from distillery.squad.postprocess import null_odds, prediction_texts
 
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        model = AutoModelForQuestionAnswering.from_pretrained(str(model_dir)).eval()
         dev = data["dev"]
         features = self.encode({"dev": dev}, tokenizer, max_length)["dev"]
-        starts, ends = [], []
+        model = AutoModelForQuestionAnswering.from_pretrained(str(model_dir)).eval()
+        rows = []
         with torch.inference_mode():
             for batch in batches(model, tokenizer, features):
-                out = model(**batch)
-                starts += list(out.start_logits.float().numpy())
-                ends += list(out.end_logits.float().numpy())
+                if session is not None:
+                    rows += list(session(**{k: v.numpy() for k, v in batch.items()}))
+                else:
+                    out = model(**batch)
+                    rows += list(torch.stack((out.start_logits, out.end_logits), 1).float().numpy())
         compute, _ = self.metrics(dev, features)
-        width = max(len(s) for s in starts)
-        pad = lambda rows: np.stack([np.pad(r, (0, width - len(r)), constant_values=-1e4) for r in rows])  # noqa: E731
-        metrics = compute((pad(starts), pad(ends)))
+        width = max(r.shape[-1] for r in rows)
+        logits = np.stack([np.pad(r, ((0, 0), (0, width - r.shape[-1])), constant_values=-1e4) for r in rows])
+        metrics = compute(logits)
         if predictions_file is not None:
             odds = null_odds(compute.answers) if self.version == "2.0" else None
             write_predictions(predictions_file, prediction_texts(compute.answers), odds)

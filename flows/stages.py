@@ -7,7 +7,7 @@ from tasks.data import PREPARE_CORPUS, PREPARE_TASK, WORD_VECTORS
 from tasks.distill import BASELINE, STUDENT_STAGES, TASK_DISTILLATION, students_with
 from tasks.evaluate import EVALUATE, REPORT
 from tasks.register import REGISTER
-from tasks.stage import Stage, split_item
+from tasks.stage import Stage
 from tasks.teacher import FINETUNE_TEACHER, PRETRAIN
 
 from distillery.config import Params
@@ -37,8 +37,7 @@ def items(stage: str, p: Params) -> list[str | None]:
         "task_distillation": pairs,
         "baseline": pairs if p.evaluation.baselines else [],
         "evaluate": tasks,
-        # a span student has no serving pyfunc yet: it is evaluated and reported, not registered
-        "register": [x for x in pairs if not is_span(split_item(x)[1])] if p.registry.enabled else [],
+        "register": pairs if p.registry.enabled else [],
         "report": [None],
     }[stage]
 

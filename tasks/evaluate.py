@@ -92,9 +92,7 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
     sessions = {}
     if p.evaluation.export_onnx:
         for name in p.students:
-            if span:  # the int8 ONNX export of span models (two outputs, length 384) is not built yet
-                write_skipped([paths.export(name, task)], "ONNX export of question-answering models: not supported yet")
-            elif name in results:
+            if name in results:
                 sessions[f"{name}-int8"] = _export(p, task, name, data, results[name])
             else:  # not distilled: the stage's declared output says why
                 write_skipped([paths.export(name, task)], skipped(paths.student(name, task) / "model") or "skipped")
@@ -134,15 +132,19 @@ def _export(p: Params, task: str, student: str, data, result: dict[str, Any]):
     int8_path = quantize_onnx(out / "model.onnx", out / "model.int8.onnx")
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     int8 = OnnxModel(int8_path, vocab_size=len(tokenizer))
-    dev = glue.encode(data, tokenizer, task, p.data.max_length)["dev"]
-    features = {c: dev[c][:] for c in ("input_ids", "attention_mask", "token_type_ids") if c in dev.column_names}
-    metrics = glue.compute_metrics(task, int8.predict(features), dev["labels"][:])
+    kind = task_kind(task, p.data)
+    if is_span(task):  # the same windows, answers and official EM/F1 as the PyTorch model's row
+        metrics, _ = kind.evaluate(model_dir, data, p.data.max_length, session=int8)
+    else:
+        dev = glue.encode(data, tokenizer, task, p.data.max_length)["dev"]
+        features = {c: dev[c][:] for c in ("input_ids", "attention_mask", "token_type_ids") if c in dev.column_names}
+        metrics = glue.compute_metrics(task, int8.predict(features), dev["labels"][:])
     result.update({
         "onnx_max_abs_diff": exported.max_abs_diff,
         "bytes_fp32_onnx": disk_size_bytes(out / "model.onnx"),
         "bytes_int8_onnx": disk_size_bytes(int8_path),
         **{f"int8_{k}": v for k, v in metrics.items()},
-        "int8_main_change": glue.main_score(task, metrics) - result["main"],
+        "int8_main_change": kind.main_score(metrics) - result["main"],
     })
     return int8
 

@@ -5,8 +5,10 @@
   metrics, retention, int8 change, speed, the params hash, the git commit and the content hashes of its inputs
   (and their DVC md5s when `dvc.lock` has them); the model directory logged with it carries a model card
   (`README.md` with Hugging Face metadata: teacher, recipe, data, metrics, speed).
-- It is logged as a pyfunc model (`tasks/pyfunc_classifier.py`, models from code) with a signature and an input
-  example: labels with the task's names, the raw score for STS-B, both sentences for pair tasks.
+- It is logged as a pyfunc model (models from code) with a signature and an input example: for a GLUE task
+  `tasks/pyfunc_classifier.py` (labels with the task's names, the raw score for STS-B, both sentences for pair
+  tasks); for a span task (SQuAD) `tasks/pyfunc_reader.py` ({question, context} -> {answer, score, start, end}), with
+  the library's `distillery` package as its code (its SQuAD windows and answer extraction).
 - Every new version gets the alias `candidate`; `champion` moves to it only when its main dev score beats the
   current champion's by more than `registry.promote_margin`. Otherwise the run says why it did not promote
   (printed, tagged on the version and the MLflow run, and written to `metrics/registry/<student>-<task>.json`).
@@ -28,18 +30,26 @@ from tasks.stage import SkipStage, Stage, fingerprint, skipped, split_item
 
 from distillery.config import Params
 from distillery.io import write_json
+from distillery.task_kinds import SPAN_TASKS, is_span, task_kind
 
 CANDIDATE, CHAMPION = "candidate", "champion"
 PYFUNC_CODE = Path(__file__).with_name("pyfunc_classifier.py")
+PYFUNC_READER = Path(__file__).with_name("pyfunc_reader.py")
 
 
-def pip_requirements() -> list[str]:
+def pip_requirements(span: bool = False) -> list[str]:
     import pandas
     import torch
     import transformers
 
-    return [f"torch=={torch.__version__.split('+')[0]}", f"transformers=={transformers.__version__}",
-            f"pandas=={pandas.__version__}"]
+    out = [f"torch=={torch.__version__.split('+')[0]}", f"transformers=={transformers.__version__}",
+           f"pandas=={pandas.__version__}"]
+    if span:  # the shipped distillery.squad modules read their tables with datasets and numpy
+        import datasets
+        import numpy
+
+        out += [f"datasets=={datasets.__version__}", f"numpy=={numpy.__version__}"]
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ provenance
@@ -70,8 +80,6 @@ def registry_inputs(student: str, task: str) -> dict[str, Path]:
 
 def version_metrics(p: Params, student: str, task: str) -> dict[str, Any]:
     """The student's row of metrics/eval/<task>.json with retention (main over the teacher's) added."""
-    from distillery import glue
-
     evaluation = paths.evaluation(task)
     if not evaluation.is_file():
         from distillery.errors import InputNotFoundError
@@ -83,8 +91,8 @@ def version_metrics(p: Params, student: str, task: str) -> dict[str, Any]:
 
         raise UserError(f"register: {evaluation} has no row for {student}; re-run the evaluate stage for {task}")
     row, teacher = results[student], results.get("teacher", {})
-    spec = glue.get_task(task)
-    out: dict[str, Any] = {f"dev.{m}": row[m] for m in spec.metrics if isinstance(row.get(m), (int, float))}
+    names = task_kind(task).metric_names
+    out: dict[str, Any] = {f"dev.{m}": row[m] for m in names if isinstance(row.get(m), (int, float))}
     out["dev.main"] = row["main"]
     if teacher.get("main"):
         out["teacher.dev.main"] = teacher["main"]
@@ -113,33 +121,55 @@ def promotion(main: float, champion_main: float | None, champion_version: str | 
 
 # ------------------------------------------------------------------------------------------------ model card
 
+def _card_task(p: Params, task: str) -> dict[str, Any]:
+    """What the model card says about the task: Hub pipeline tag, model-index task and dataset, a description and
+    a use example."""
+    from distillery import glue
+
+    if is_span(task):
+        version = SPAN_TASKS[task]
+        hub = f"rajpurkar/{task}" if p.data.source == "hub" else None
+        split = "validation" if hub else f"the last {p.data.squad_eval_articles} articles of {p.data.squad_file}"
+        return {"pipeline_tag": "question-answering", "type": "question-answering", "tag": task,
+                "dataset": {"name": f"SQuAD v{version}", "type": hub or "local", "split": split},
+                "hub": hub, "what": f"SQuAD v{version} (extractive question answering: an answer span of the context)",
+                "use": 'model.predict(pd.DataFrame({"question": ["who wrote it?"], '
+                       '"context": ["It was written by Ann in 1990."]}))  # answer, score, start, end'}
+    spec = glue.get_task(task)
+    return {"pipeline_tag": "text-classification", "tag": "glue" if task in glue.GLUE_TASKS else task,
+            "type": "text-regression" if spec.is_regression else "text-classification",
+            "dataset": {"name": f"GLUE {spec.glue_name}" if spec.submission_file else spec.glue_name,
+                        "type": "nyu-mll/glue" if spec.hub_config else "generated",
+                        **({"config": spec.hub_config} if spec.hub_config else {}), "split": "dev"},
+            "hub": "nyu-mll/glue" if spec.hub_config else None,
+            "what": f"{spec.glue_name} ({'regression' if spec.is_regression else 'labels ' + ', '.join(spec.labels)})",
+            "use": ('model.predict(pd.DataFrame({"text": ["first sentence"], "text_pair": ["second sentence"]}))'
+                    if spec.is_pair else 'model.predict(["a sentence"])')}
+
+
 def model_card(p: Params, student: str, task: str, metrics: dict[str, Any]) -> str:
     """A Hugging Face model card (README.md: YAML metadata + text) for the registered student."""
     import yaml
 
-    from distillery import glue
-
-    spec = glue.get_task(task)
+    about = _card_task(p, task)
     recipe = p.students[student]
     teacher = (p.teacher.name_or_path if p.teacher.init == "pretrained"
                else f"a {p.teacher.shape.as_spec()} teacher trained from scratch in this pipeline")
     dev = {k.removeprefix("dev."): v for k, v in metrics.items() if k.startswith("dev.") and k != "dev.main"}
     meta: dict[str, Any] = {
         "library_name": "transformers",
-        "pipeline_tag": "text-classification",
-        "tags": ["distillation", recipe.recipe, "glue" if task in glue.GLUE_TASKS else task],
+        "pipeline_tag": about["pipeline_tag"],
+        "tags": ["distillation", recipe.recipe, about["tag"]],
         "model-index": [{"name": f"{student}-{task}", "results": [{
-            "task": {"type": "text-regression" if spec.is_regression else "text-classification"},
-            "dataset": {"name": f"GLUE {spec.glue_name}" if spec.submission_file else spec.glue_name,
-                        "type": "nyu-mll/glue" if spec.hub_config else "generated",
-                        **({"config": spec.hub_config} if spec.hub_config else {}), "split": "dev"},
+            "task": {"type": about["type"]},
+            "dataset": about["dataset"],
             "metrics": [{"type": k, "value": round(float(v), 6)} for k, v in dev.items()],
         }]}],
     }
     if p.teacher.init == "pretrained":
         meta["base_model"] = p.teacher.name_or_path
-    if spec.hub_config:
-        meta["datasets"] = ["nyu-mll/glue"]
+    if about["hub"]:
+        meta["datasets"] = [about["hub"]]
     rows = [("dev " + k, f"{v:.4f}") for k, v in dev.items()]
     rows += [(k, f"{metrics[k]:.4f}" if isinstance(metrics[k], float) else str(metrics[k]))
              for k in ("retention", "teacher.dev.main", "int8.main_change", "params", "flops", "latency_ms_b1",
@@ -148,19 +178,17 @@ def model_card(p: Params, student: str, task: str, metrics: dict[str, Any]) -> s
     data = (f"`{p.data.source}` task data"
             + (f", at most {p.data.max_train_examples} training examples" if p.data.max_train_examples else "")
             + (f", dev scores on at most {p.data.max_eval_examples} examples" if p.data.max_eval_examples else ""))
-    use = ('model.predict(pd.DataFrame({"text": ["first sentence"], "text_pair": ["second sentence"]}))'
-           if spec.is_pair else 'model.predict(["a sentence"])')
     return (f"---\n{yaml.safe_dump(meta, sort_keys=False)}---\n\n"
             f"# {student}-{task}\n\n"
             f"A `{recipe.recipe}` student ({recipe.shape.as_spec()}, init {recipe.init.kind}) distilled from {teacher} "
-            f"for {spec.glue_name} ({'regression' if spec.is_regression else 'labels ' + ', '.join(spec.labels)}).\n\n"
+            f"for {about['what']}.\n\n"
             f"- Recipe: objectives {dict(recipe.weights.weights)}, options {recipe.options()}\n"
             f"- Data: {data}\n\n"
             f"| metric | value |\n|---|---|\n{table}\n\n"
             "Speed: CPU median latency in ms at batch 1 (`latency_ms_b1`), speedup over the teacher (`speedup_b1`), "
             "the int8 ONNX export's latency and dev-score change.\n\n"
             f"```python\nimport mlflow, pandas as pd\nmodel = mlflow.pyfunc.load_model(\"models:/{student}-{task}@champion\")\n"
-            f"{use}\n```\n")
+            f"{about['use']}\n```\n")
 
 
 # ------------------------------------------------------------------------------------------------ stage
@@ -198,39 +226,48 @@ def _tag(value: Any) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
-def _signature(pair: bool, regression: bool):
+def serving(p: Params, task: str) -> dict[str, Any]:
+    """`mlflow.pyfunc.log_model` keywords of the task's pyfunc: its code, configuration, signature, two dev examples
+    as the input example, requirements (and, for a span task, the library as its code)."""
+    import pandas as pd
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, DataType, Schema
 
-    inputs = (Schema([ColSpec(DataType.string, "text"), ColSpec(DataType.string, "text_pair")]) if pair
-              else Schema([ColSpec(DataType.string)]))  # unnamed: a plain list of sentences works too
-    outputs = (Schema([ColSpec(DataType.double, "score")]) if regression
-               else Schema([ColSpec(DataType.string, "label"), ColSpec(DataType.double, "score")]))
-    return ModelSignature(inputs=inputs, outputs=outputs)
-
-
-def _input_example(task: str, pair: bool):
-    """Two dev examples of the task (pairs for pair tasks)."""
-    import pandas as pd
-
+    from distillery import glue
     from tasks.teacher import load_task
 
     dev = load_task(task)["dev"]
     rows = dev.select(range(min(2, len(dev))))
-    example = {"text": rows["text_a"][:]}
-    if pair:
-        example["text_pair"] = rows["text_b"][:]
-    return pd.DataFrame(example)
+    if is_span(task):
+        import distillery
+
+        signature = ModelSignature(
+            inputs=Schema([ColSpec(DataType.string, "question"), ColSpec(DataType.string, "context")]),
+            outputs=Schema([ColSpec(DataType.string, "answer"), ColSpec(DataType.double, "score"),
+                            ColSpec(DataType.long, "start"), ColSpec(DataType.long, "end")]))
+        return {"python_model": str(PYFUNC_READER), "code_paths": [str(Path(distillery.__file__).parent)],
+                "model_config": {"task": task, "version": SPAN_TASKS[task], "max_length": p.data.max_length,
+                                 "doc_stride": p.data.doc_stride, "max_query_length": p.data.max_query_length},
+                "signature": signature, "pip_requirements": pip_requirements(span=True),
+                "input_example": pd.DataFrame({"question": rows["question"][:], "context": rows["context"][:]})}
+    spec = glue.get_task(task)
+    inputs = (Schema([ColSpec(DataType.string, "text"), ColSpec(DataType.string, "text_pair")]) if spec.is_pair
+              else Schema([ColSpec(DataType.string)]))  # unnamed: a plain list of sentences works too
+    outputs = (Schema([ColSpec(DataType.double, "score")]) if spec.is_regression
+               else Schema([ColSpec(DataType.string, "label"), ColSpec(DataType.double, "score")]))
+    example = {"text": rows["text_a"][:], **({"text_pair": rows["text_b"][:]} if spec.is_pair else {})}
+    return {"python_model": str(PYFUNC_CODE),
+            "model_config": {"task": task, "labels": list(spec.labels), "regression": spec.is_regression,
+                             "pair": spec.is_pair, "max_length": p.data.max_length},
+            "signature": ModelSignature(inputs=inputs, outputs=outputs), "pip_requirements": pip_requirements(),
+            "input_example": pd.DataFrame(example)}
 
 
 def run_register(p: Params, item: str) -> dict[str, Any]:
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    from distillery import glue
-
     student, task = split_item(item)
-    spec = glue.get_task(task)
     model_dir = paths.student(student, task) / "model"
     if (reason := skipped(model_dir)) is not None:  # not distilled (its teacher failed the gate): nothing to register
         raise SkipStage(f"register: {student}-{task} was not distilled: {reason}", reason)
@@ -255,13 +292,7 @@ def run_register(p: Params, item: str) -> dict[str, Any]:
         staged = Path(tmp) / "model"
         shutil.copytree(model_dir, staged)
         (staged / "README.md").write_text(model_card(p, student, task, metrics), encoding="utf-8")
-        info = mlflow.pyfunc.log_model(
-            name="model", python_model=str(PYFUNC_CODE), artifacts={"model": str(staged)},
-            model_config={"task": task, "labels": list(spec.labels), "regression": spec.is_regression,
-                          "pair": spec.is_pair, "max_length": p.data.max_length},
-            signature=_signature(spec.is_pair, spec.is_regression), input_example=_input_example(task, spec.is_pair),
-            pip_requirements=pip_requirements(),
-        )
+        info = mlflow.pyfunc.log_model(name="model", artifacts={"model": str(staged)}, **serving(p, task))
     version = str(_new_version(client, name, info).version)
 
     inputs = registry_inputs(student, task)
@@ -307,5 +338,5 @@ REGISTER = Stage(
     deps=lambda p, item: [paths.student(*split_item(item)) / "model", paths.evaluation(split_item(item)[1])],
     outs=lambda p, item: [paths.registry(*split_item(item))],
     params=lambda p, item: {"registry": p.registry.model_dump(mode="json", exclude={"enabled"})},
-    code=("tasks/register.py", "tasks/pyfunc_classifier.py"),
+    code=("tasks/register.py", "tasks/pyfunc_classifier.py", "tasks/pyfunc_reader.py"),
 )

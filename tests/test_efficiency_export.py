@@ -115,3 +115,23 @@ def test_load_uses_saved_architecture(tmp_path):
     model.save_pretrained(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["BertForSequenceClassification"]
     assert type(load_model_for_export(tmp_path)).__name__ == "BertForSequenceClassification"
+
+
+def test_question_answering_models_export_their_span_logits(tmp_path):
+    """A span head's start and end logits leave the graph as one (batch, 2, sequence) output with a dynamic sequence
+    axis, equal to PyTorch's; int8 stays close."""
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=64, max_position_embeddings=64)
+    model = transformers.BertForQuestionAnswering(cfg).eval()
+    model.save_pretrained(tmp_path / "model")
+    result = export_onnx(tmp_path / "model", tmp_path / "model.onnx")
+    assert result.output_name == "span_logits" and result.max_abs_diff <= 1e-4
+    ids = torch.randint(1, 120, (3, 17))
+    with torch.inference_mode():
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids))
+    for path, tol in ((result.path, 1e-4), (quantize_onnx(result.path, tmp_path / "model.int8.onnx"), 0.5)):
+        got = OnnxModel(path)(input_ids=ids.numpy(), attention_mask=np.ones((3, 17), dtype=np.int64))
+        assert got.shape == (3, 2, 17)
+        np.testing.assert_allclose(got[:, 0], out.start_logits.numpy(), atol=tol)
+        np.testing.assert_allclose(got[:, 1], out.end_logits.numpy(), atol=tol)

@@ -1,7 +1,8 @@
 """A span task through the whole pipeline (issue 25, item 3): a SQuAD-format file split by article, a teacher with
 a question-answering head, TinyBERT and DistilBERT students (task distillation on start/end logits) and their direct
-baselines, the official EM/F1 in metrics/summary.json beside the sentence baseline, and every model's dev answers
-in the official predictions format, scored again by the official algorithm."""
+baselines, the official EM/F1 in metrics/summary.json beside the sentence baseline, every model's dev answers in the
+official predictions format, scored again by the official algorithm, the students' int8 ONNX exports scored beside
+them, and the registered student answering {question, context} through its MLflow pyfunc."""
 
 from __future__ import annotations
 
@@ -49,8 +50,7 @@ SQUAD_MICRO = {
     "task_distillation": {"intermediate": {"epochs": 2, "lr": 1e-3, "batch_size": 16},
                           "prediction": {"lrs": [3e-3], "batch_sizes": [16], "epochs": 8},
                           "finetune": {"lrs": [3e-3], "batch_sizes": [16], "epochs": 8}},
-    "evaluation": {"latency": False, "export_onnx": False},
-    "registry": {"enabled": False},
+    "evaluation": {"latency": False, "export_onnx": True},
 }
 
 
@@ -68,6 +68,8 @@ def test_a_span_task_through_the_pipeline(tmp_path):
     for name in ("micro", "micro-distilbert", "micro-direct", "micro-distilbert-direct"):
         assert {"em", "f1"} <= set(summary[name]), name
     assert "retention" in summary["micro"] and "gain_over_direct" in summary["micro"]
+    for name in ("micro", "micro-distilbert"):  # the int8 ONNX students answer the same questions about as well
+        assert abs(summary[name]["int8_f1"] - summary[name]["f1"]) < 10, summary[name]
     # the answers files give the report's scores under the official v1.1 algorithm
     held = read_squad(squad_file)
     gold = {}
@@ -81,3 +83,19 @@ def test_a_span_task_through_the_pipeline(tmp_path):
         scores = evaluate(gold, predictions, "1.1")
         assert scores["exact_match"] == pytest.approx(summary[name]["em"]) and scores["f1"] == pytest.approx(
             summary[name]["f1"])
+
+    # the registered champion answers raw questions about a raw context, as the evaluate stage's answers
+    article = held.articles[-1].paragraphs[0]
+    code = ("import json, mlflow, sys, pandas as pd; mlflow.set_tracking_uri(sys.argv[1]);"
+            "m = mlflow.pyfunc.load_model('models:/micro-squad@champion');"
+            "q = json.loads(sys.argv[2]);"
+            "print(m.predict(pd.DataFrame({'question': [q['question']], 'context': [q['context']]})).to_json("
+            "orient='records'))")
+    question = article.questions[0]
+    asked = json.dumps({"question": question.question, "context": article.context})
+    out = run([sys.executable, "-c", code, f"sqlite:///{project / 'mlflow.db'}", asked], project).stdout
+    [answer] = json.loads(out.strip().splitlines()[-1])
+    assert set(answer) == {"answer", "score", "start", "end"} and 0 < answer["score"] <= 1
+    assert article.context[answer["start"]:answer["end"]] == answer["answer"]
+    served = read_predictions(project / "metrics" / "answers" / "squad" / "micro" / "predictions.json")[question.id]
+    assert answer["answer"] == served

@@ -132,7 +132,8 @@ def model_input_names(model: nn.Module) -> tuple[str, ...]:
 
 
 class _FirstOutput(nn.Module):
-    """Positional-argument wrapper returning logits (heads) or last_hidden_state (base models)."""
+    """Positional-argument wrapper returning logits (heads), span logits (question answering: start and end stacked
+    as (batch, 2, sequence)) or last_hidden_state (base models)."""
 
     def __init__(self, model: nn.Module, names: Sequence[str]):
         super().__init__()
@@ -142,14 +143,21 @@ class _FirstOutput(nn.Module):
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
         out = self.model(**{n: given[n] for n in self.names}, return_dict=True)
+        if "start_logits" in out:
+            return torch.stack((out["start_logits"], out["end_logits"]), dim=1)
         return out["logits"] if "logits" in out else out["last_hidden_state"]
+
+
+#: the ONNX output of each kind of model and its dynamic axes
+OUTPUT_AXES = {"logits": {0: "batch"}, "span_logits": {0: "batch", 2: "sequence"},
+               "last_hidden_state": {0: "batch", 1: "sequence"}}
 
 
 def _output_name(model: nn.Module, names: Sequence[str]) -> str:
     ids = torch.ones(1, 2, dtype=torch.long)
     with torch.inference_mode():
         out = model(**{n: ids if n != "token_type_ids" else torch.zeros_like(ids) for n in names}, return_dict=True)
-    return "logits" if "logits" in out else "last_hidden_state"
+    return "span_logits" if "start_logits" in out else "logits" if "logits" in out else "last_hidden_state"
 
 
 def random_batch(names: Sequence[str], batch: int, seq_len: int, vocab_size: int, *, seed: int = 0,
@@ -193,7 +201,7 @@ def export_onnx(model: nn.Module | str | os.PathLike, out_path: str | os.PathLik
     wrapper = _FirstOutput(traced, names).eval()
     example = random_batch(names, 2, 8, vocab, pad_last=False)
     axes = {n: {0: "batch", 1: "sequence"} for n in names}
-    axes[out_name] = {0: "batch"} if out_name == "logits" else {0: "batch", 1: "sequence"}
+    axes[out_name] = OUTPUT_AXES[out_name]
     out_path = Path(out_path)
     with atomic_path(out_path) as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -227,8 +235,10 @@ def check_onnx(model: nn.Module, onnx_path: str | os.PathLike, *, names: Sequenc
     got = OnnxModel(onnx_path)(**{n: v.numpy() for n, v in inputs.items()})
     if got.shape != ref.shape:
         raise ExportError(f"{onnx_path}: ONNX output shape {got.shape} != PyTorch {ref.shape}")
-    if ref.ndim == 3:  # hidden states: padded positions are not meaningful
+    if ref.ndim == 3:  # hidden states and span logits: padded positions are not meaningful
         keep = inputs["attention_mask"].numpy().astype(bool)
+        if _output_name(model, names) == "span_logits":
+            return float(np.abs(got.transpose(0, 2, 1)[keep] - ref.transpose(0, 2, 1)[keep]).max())
         return float(np.abs(got[keep] - ref[keep]).max())
     return float(np.abs(got - ref).max())
 
