@@ -284,14 +284,32 @@ class OrchestrationSection(Section):
     dask_address: str = ""
 
 
+#: the `data` and `evaluation` keys a task may set for itself: how its examples are encoded and timed (a SQuAD task's
+#: 384-token windows beside GLUE's 128 tokens in one run); the rest of those sections is the run's
+TASK_DATA_KEYS = ("max_length", "doc_stride", "max_query_length", "group_by_length", "max_train_examples",
+                  "max_eval_examples")
+TASK_EVALUATION_KEYS = ("latency_seq_len",)
+
+
 class TaskOverrides(Section):
-    """One task's own settings (`per_task.<task>`): partial `finetune`, `augment` and `task_distillation` sections,
-    merged key by key over the run's for that task's stages (`Params.for_task`). Only sections that no other task's
+    """One task's own settings (`per_task.<task>`): partial `finetune`, `augment` and `task_distillation` sections
+    and the task's encoding and timing keys of `data` and `evaluation` (`TASK_DATA_KEYS`, `TASK_EVALUATION_KEYS`),
+    merged key by key over the run's for that task's stages (`Params.for_task`). Only settings that no other task's
     stage reads can differ per task."""
 
     finetune: dict[str, Any] = Field(default_factory=dict)
     augment: dict[str, Any] = Field(default_factory=dict)
     task_distillation: dict[str, Any] = Field(default_factory=dict)
+    data: dict[str, Any] = Field(default_factory=dict)
+    evaluation: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("data", "evaluation")
+    @classmethod
+    def _task_keys(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        allowed = TASK_DATA_KEYS if info.field_name == "data" else TASK_EVALUATION_KEYS
+        if wrong := [k for k in v if k not in allowed]:
+            raise ValueError(f"{wrong} cannot differ per task; a task may set {list(allowed)}")
+        return v
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -90,7 +90,32 @@ def test_dvc_stages_track_their_tasks_keys_only():
                    + keys("finetune_teacher", "cola") + keys("augment", "sst2") + keys("report", None))
 
 
+def test_a_task_encodes_and_times_at_its_own_length():
+    """SQuAD's 384-token windows beside GLUE's 128 in one run: a task's data/evaluation keys reach its stages, their
+    cache keys and their dvc.yaml params, and no other task's."""
+    from flows.dvc import param_keys
+    from flows.stages import STAGES
+    from tasks.stage import stage_key
+
+    over = {"sst2": {"data": {"max_length": 96, "group_by_length": True}, "evaluation": {"latency_seq_len": 96}}}
+    raw = two_tasks(over)
+    p, plain = parse_params(raw), parse_params(two_tasks())
+    sst2, cola = p.for_task("sst2"), p.for_task("cola")
+    assert (sst2.data.max_length, sst2.data.group_by_length, sst2.evaluation.latency_seq_len) == (96, True, 96)
+    assert sst2.data.tasks == p.data.tasks and sst2.evaluation.latency_batch_sizes == p.evaluation.latency_batch_sizes
+    assert cola.data.max_length == p.data.max_length != 96
+    finetune = STAGES["finetune_teacher"]
+    assert stage_key(finetune, p, "sst2") != stage_key(finetune, plain, "sst2")
+    assert stage_key(finetune, p, "cola") == stage_key(finetune, plain, "cola")
+    keys = param_keys("finetune_teacher", finetune.params(p, "sst2"), "sst2", raw)
+    assert "per_task.sst2.data.max_length" in keys
+    assert not any(k.startswith("per_task") for k in param_keys("finetune_teacher", finetune.params(p, "cola"),
+                                                                  "cola", raw))
+
+
 @pytest.mark.parametrize("per_task,match", [
+    ({"sst2": {"data": {"source": "hub"}}}, r"params.yaml: per_task.sst2.data: .*'source'.* cannot differ per task"),
+    ({"sst2": {"evaluation": {"latency": False}}}, r"per_task.sst2.evaluation: .*cannot differ per task"),
     ({"qnli": {"finetune": {"epochs": 1}}}, r"params.yaml: per_task: 'qnli' is not in data.tasks \(sst2, cola\)"),
     ({"sst2": {"finetune": {"epochs": 0}}}, r"params.yaml: per_task.sst2.finetune.epochs: .*greater than 0"),
     ({"sst2": {"finetune": {"epoch": 1}}}, r"params.yaml: per_task.sst2.finetune.epoch: unknown key"),
