@@ -41,6 +41,9 @@ CURVE_STAGES = frozenset({"pretrain", "finetune_teacher", "teacher_assistant", "
 # Keys of `Stage.params(p, item)` that are not a top-level section of params.yaml -> the params.yaml key they read.
 PARAM_KEYS = {
     "max_length": "data.max_length",
+    "doc_stride": "data.doc_stride",
+    "max_query_length": "data.max_query_length",
+    "group_by_length": "data.group_by_length",
     "max_words": "word_vectors.max_words",
     "tasks": "data.tasks",
     "students": "students",

@@ -100,13 +100,16 @@ def teacher_name(p: Params) -> str:
     return str(path) if path.exists() else p.teacher.name_or_path  # a Hub name
 
 
-def encoding(p: Params, task: str) -> dict[str, int]:
-    """The params that shape a task's encoded inputs (a stage's cache key): the length, and a span task's windows."""
+def encoding(p: Params, task: str) -> dict[str, Any]:
+    """The params that shape a task's encoded inputs and their batches (a stage's cache key): the length, a span
+    task's windows, and the length grouping of its training when on."""
     from distillery.task_kinds import is_span
 
-    out = {"max_length": p.data.max_length}
+    out: dict[str, Any] = {"max_length": p.data.max_length}
     if is_span(task):
         out.update(doc_stride=p.data.doc_stride, max_query_length=p.data.max_query_length)
+    if p.data.group_by_length:
+        out["group_by_length"] = True
     return out
 
 

@@ -105,3 +105,21 @@ def test_curve_stages_are_the_stages_that_return_a_curve():
                      if '"curve"' in inspect.getsource(st.run) or "_run_student_stage(" in inspect.getsource(st.run)}
     assert '"curve"' in inspect.getsource(_run_student_stage)
     assert returns_curve == gen.CURVE_STAGES
+
+
+@pytest.mark.parametrize("preset", sorted(p.name for p in (ROOT / "params").glob("*.yaml")))
+def test_every_preset_renders_with_keys_its_file_has(preset):
+    """A preset's tasks (SQuAD's windows and length grouping too) render a dvc.yaml whose params keys the file has
+    (else `python -m flows.pipeline --preset NAME` fails at its end, recording dvc.lock)."""
+    path = ROOT / "params" / preset
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    from distillery.errors import InputNotFoundError
+
+    try:
+        stages = yaml.safe_load(gen.render(path))["stages"]
+    except InputNotFoundError as exc:  # the paper preset's corpus and GloVe file are the user's
+        pytest.skip(f"{preset}: {exc}")
+    for key, spec in stages.items():
+        for entry in spec.get("params", []):
+            for dotted in next(iter(entry.values())) if isinstance(entry, dict) else [entry]:
+                assert gen._present(raw, dotted) == dotted, f"{preset} {key}: {dotted}"
