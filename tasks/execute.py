@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks import paths, tracking
-from tasks.stage import STAMPS, Stage, is_fresh, run_stage, stage_key
+from tasks.stage import SKIPPED, STAMPS, Stage, is_fresh, run_stage, stage_key
 
 from distillery.config import Params
 from distillery.io import atomic_path, write_text
@@ -88,7 +88,7 @@ def _started_file(stage: Stage, item: str | None) -> Path:
 
 def prepare(stage: Stage, params: Params, item: str | None, key: str | None = None) -> list[Path]:
     """Clean up after a killed run of this stage: leftover temporary files of atomic writes (`.NAME.*.tmp`,
-    `.NAME.old`), and the resume state that another key made; record the key this run starts under. Returns the
+    `.NAME.old`), a skip record in a directory output, and the resume state that another key made; record the key this run starts under. Returns the
     resume state kept (this key's own interrupted work)."""
     key = key or stage_key(stage, params, item)
     started = _started_file(stage, item)
@@ -97,6 +97,8 @@ def prepare(stage: Stage, params: Params, item: str | None, key: str | None = No
     kept = []
     for out in outs:
         _remove_leftovers(out)
+        if out.is_dir():  # a skip record of an earlier run: this run writes the output, or a new record
+            (out / SKIPPED).unlink(missing_ok=True)
         for state in resume_state(out, outs):
             if same_key:
                 kept.append(state)

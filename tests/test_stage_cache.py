@@ -143,6 +143,11 @@ def test_a_killed_run_leaves_nothing_that_misleads_the_next(tmp_path, params, mo
     other = params.model_copy(update={"finetune": params.finetune.model_copy(update={"lr": 1e-5})})
     assert execute_mod.prepare(s, other, None) == []  # changed learning rate: nothing old may be resumed
     assert not ckpt.exists() and not finished.exists()
+    from tasks.stage import skipped, write_skipped
+
+    write_skipped([out], "not supported yet")  # an earlier run skipped it; this one writes it
+    execute_mod.prepare(s, other, None)
+    assert skipped(out) is None
 
 
 def test_every_stage_depends_on_the_code_that_holds_its_defaults(params):
