@@ -60,7 +60,8 @@ class ClassificationKind:
 
         return glue.encode(data, tokenizer, self.task, max_length)
 
-    def metrics(self, dev_examples=None, dev_features=None) -> tuple[Callable, Callable]:
+    def metrics(self, dev_examples=None, dev_features=None, pad_id: int = 0) -> tuple[Callable, Callable]:
+        """(compute_metrics, main score) of the GLUE task (the arguments are the span kind's; unused here)."""
         from distillery.training.metrics import glue_metrics
 
         return glue_metrics(self.task)
