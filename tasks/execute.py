@@ -88,8 +88,8 @@ def _started_file(stage: Stage, item: str | None) -> Path:
 
 def prepare(stage: Stage, params: Params, item: str | None, key: str | None = None) -> list[Path]:
     """Clean up after a killed run of this stage: leftover temporary files of atomic writes (`.NAME.*.tmp`,
-    `.NAME.old`), a skip record in a directory output, and the resume state that another key made; record the key this run starts under. Returns the
-    resume state kept (this key's own interrupted work)."""
+    `.NAME.old`), a skip record in a directory output, and the resume state that another key made; record the key
+    this run starts under. Returns the resume state kept (this key's own interrupted work)."""
     key = key or stage_key(stage, params, item)
     started = _started_file(stage, item)
     same_key = started.is_file() and started.read_text().strip() == key
