@@ -18,8 +18,9 @@ from distillery import glue
 
 
 def batches(model, tokenizer, encoded: datasets.Dataset, *, batch_size: int = 64):
-    """The model inputs of an encoded dataset, in dataset order, padded per batch, on the model's device."""
-    device = next(model.parameters()).device
+    """The model inputs of an encoded dataset, in dataset order, padded per batch, on the model's device (the CPU
+    for `model=None`: inputs of an exported model)."""
+    device = next(model.parameters()).device if model is not None else torch.device("cpu")
     keep = [c for c in ("input_ids", "attention_mask", "token_type_ids") if c in encoded.column_names]
     collate = DataCollatorWithPadding(tokenizer)
     rows = encoded.select_columns(keep)

@@ -139,28 +139,18 @@ class SpanKind:
         """(dev EM/F1, None): the model's answers to the dev questions, written in the official format to
         `predictions_file` (v2.0: with the null odds beside it) when given. `session`: an exported copy of the model
         (`distillery.efficiency.OnnxModel`, its output the (batch, 2, tokens) span logits) answers instead."""
-        import torch
         from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
-        from distillery.evaluation import batches
+        from distillery.squad.evaluate import predict_span_logits
         from distillery.squad.metrics import write_predictions
         from distillery.squad.postprocess import null_odds, prediction_texts
 
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         dev = data["dev"]
         features = self.encode({"dev": dev}, tokenizer, max_length)["dev"]
-        model = AutoModelForQuestionAnswering.from_pretrained(str(model_dir)).eval()
-        rows = []
-        with torch.inference_mode():
-            for batch in batches(model, tokenizer, features):
-                if session is not None:
-                    rows += list(session(**{k: v.numpy() for k, v in batch.items()}))
-                else:
-                    out = model(**batch)
-                    rows += list(torch.stack((out.start_logits, out.end_logits), 1).float().numpy())
+        model = None if session is not None else AutoModelForQuestionAnswering.from_pretrained(str(model_dir)).eval()
+        logits = predict_span_logits(model, tokenizer, features, session=session)
         compute, _ = self.metrics(dev, features)
-        width = max(r.shape[-1] for r in rows)
-        logits = np.stack([np.pad(r, ((0, 0), (0, width - r.shape[-1])), constant_values=-1e4) for r in rows])
         metrics = compute(logits)
         if predictions_file is not None:
             odds = null_odds(compute.answers) if self.version == "2.0" else None

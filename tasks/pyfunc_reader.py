@@ -53,9 +53,9 @@ class SpanReader(PythonModel):
 
     # the type hint tells MLflow the input is tabular (its signature is logged explicitly): no type-hint advice
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
-        import numpy as np
-        import torch
+        import datasets
 
+        from distillery.squad.evaluate import predict_span_logits
         from distillery.squad.features import eval_features
         from distillery.squad.postprocess import postprocess
 
@@ -65,16 +65,9 @@ class SpanReader(PythonModel):
         ids = [str(i) for i in range(len(df))]
         questions = {"id": ids, "question": df["question"].tolist(), "context": df["context"].tolist()}
         features = eval_features(questions, self.tokenizer, self.features)
-        names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in features]
-        rows = []
-        with torch.inference_mode():
-            for i in range(0, len(features["input_ids"]), self.batch_size):
-                batch = self.tokenizer.pad({n: features[n][i : i + self.batch_size] for n in names},
-                                           return_tensors="pt")
-                out = self.model(**batch)
-                rows += list(torch.stack((out.start_logits, out.end_logits), 1).float().numpy())
-        width = max((r.shape[-1] for r in rows), default=0)
-        logits = np.stack([np.pad(r, ((0, 0), (0, width - r.shape[-1])), constant_values=-1e4) for r in rows])
+        inputs = datasets.Dataset.from_dict({n: features[n] for n in ("input_ids", "attention_mask", "token_type_ids")
+                                             if n in features})
+        logits = predict_span_logits(self.model, self.tokenizer, inputs, batch_size=self.batch_size)
         answers = postprocess(questions, features, logits[:, 0], logits[:, 1], version=self.version,
                               null_threshold=self.null_threshold)
         chosen = [answers[i] for i in ids]

@@ -64,6 +64,28 @@ def in_feature_order(start: np.ndarray, end: np.ndarray, inputs: np.ndarray, fea
     return start[order], end[order]
 
 
+def predict_span_logits(model, tokenizer, features, *, session=None, batch_size: int = 64) -> np.ndarray:
+    """(features, 2, tokens): the start and end logits of every feature of `features` (a Dataset with the model
+    inputs), in its order, batches padded by `tokenizer` and rows padded with -1e4 past their batch's width. The
+    logits of `model` (a `*ForQuestionAnswering` model), or of `session` (an exported model whose output is the
+    (batch, 2, tokens) span logits, `distillery.efficiency.OnnxModel`; `model` may then be None)."""
+    import torch
+
+    from distillery.evaluation import batches
+
+    rows = []
+    with torch.inference_mode():
+        for batch in batches(None if session is not None else model, tokenizer, features, batch_size=batch_size):
+            if session is not None:
+                rows += list(np.asarray(session(**{k: v.numpy() for k, v in batch.items()})))
+            else:
+                out = model(**batch)
+                rows += list(torch.stack((out.start_logits, out.end_logits), 1).float().cpu().numpy())
+    width = max((r.shape[-1] for r in rows), default=0)
+    return np.stack([np.pad(r, ((0, 0), (0, width - r.shape[-1])), constant_values=-1e4) for r in rows]) if rows \
+        else np.zeros((0, 2, 0), dtype=np.float32)
+
+
 class SpanMetrics:
     """`compute_metrics(predictions, labels)` of a span task: {"em", "f1"} (v2.0 adds the official HasAns/NoAns and
     best-threshold keys). `answers` holds the last evaluation's answers (for the predictions file)."""
