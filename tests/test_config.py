@@ -14,11 +14,19 @@ def demo() -> dict:
     return yaml.safe_load((ROOT / "params.yaml").read_text())
 
 
-@pytest.mark.parametrize("name", ["params.yaml", "params/local.yaml", "params/gpu.yaml",
-                                  "params/paper-tinybert4.yaml"])
+@pytest.mark.parametrize("name", ["params.yaml"] + sorted(f"params/{p.name}" for p in (ROOT / "params").glob("*.yaml")))
 def test_shipped_params_files_validate(name):
     p = load_params(ROOT / name)
     assert p.students and p.data.tasks
+
+
+def test_the_squad_recipes_run_shares_the_squad_presets_teacher():
+    """The extra run's rows sit beside the preset's TinyBERT rows: same data, teacher and teacher schedule (and so, in
+    one clone, the same cached teacher)."""
+    squad, extra = (yaml.safe_load((ROOT / "params" / f"{n}.yaml").read_text()) for n in ("squad", "squad-recipes"))
+    for section in ("seed", "data", "teacher", "finetune", "augment", "evaluation"):
+        assert extra[section] == squad[section], section
+    assert {r["recipe"] for r in extra["students"].values()} == {"minilm", "distilbert", "mobilebert"}
 
 
 def test_unknown_key_is_named():
