@@ -114,5 +114,6 @@ class DistilBertRecipe(Recipe):
     def task_stage(self, ctx: TaskContext):
         grid = finetune_grid(ctx, task_student(self, ctx), ctx.out / "grid")
         if self.task_distillation:
-            grid = prediction_stage(self, ctx, str(grid.best_dir), ctx.out / "grid-distill")
+            best = grid.best_dir
+            grid = prediction_stage(self, ctx, lambda: ctx.load(best), ctx.out / "grid-distill")
         return grid, None

@@ -10,12 +10,11 @@ labels over the same kind of grid (no spec, no teacher).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from transformers import AutoModelForSequenceClassification, PreTrainedModel
+from transformers import PreTrainedModel
 
 from distillery.io import write_json
 from distillery.objectives.registry import TERMS
@@ -33,18 +32,9 @@ class GridResult:
     results: list[dict[str, Any]]
 
 
-def _fresh(student: Callable[[], PreTrainedModel] | str | os.PathLike) -> PreTrainedModel:
-    if callable(student):
-        return student()
-    path = Path(student)
-    if not path.is_dir():
-        raise FileNotFoundError(f"student directory not found: {path}")
-    return AutoModelForSequenceClassification.from_pretrained(str(path))
-
-
 def prediction_grid(
     teacher: PreTrainedModel | None,
-    student: Callable[[], PreTrainedModel] | str | os.PathLike,
+    student: Callable[[], PreTrainedModel],
     spec: DistillSpec | None,
     run: TrainRun,
     grid: Grid,
@@ -52,8 +42,9 @@ def prediction_grid(
     """Train one run per (learning rate, batch size) of `grid`; return the best run on dev + all results.
 
     `spec`: the prediction-layer distillation of every run (teacher logits computed once and shared when
-    `grid.cache_teacher_logits` and no term reads the teacher's internals); None fine-tunes on the gold labels (no teacher). `student` is the starting student
-    (a directory, or a factory returning a fresh copy); every run starts from it. `run` needs `eval_dataset` and
+    `grid.cache_teacher_logits` and no term reads the teacher's internals); None fine-tunes on the gold labels (no
+    teacher). `student` is a factory of the starting student, a fresh copy with the task's head at each call (a saved
+    directory alone does not say which head); every run starts from it. `run` needs `eval_dataset` and
     `compute_metrics`; each run writes `run.output_dir/lr<lr>-bs<bs>/model`, and `run.output_dir/grid.json` lists
     all results. A batch size is the global batch: under a launcher each of N processes trains on batch / N
     examples per step. `run.args` are every run's TrainingArguments (warm-up 0.1 of the steps unless they say).
@@ -80,9 +71,9 @@ def prediction_grid(
             one = base.with_(output_dir=output_dir / name, args={
                 "learning_rate": lr, "per_device_train_batch_size": per_device_batch(bs), "num_train_epochs": grid.epochs})
             if spec is None:
-                model_dir = finetune(_fresh(student), one)
+                model_dir = finetune(student(), one)
             else:
-                model_dir = distill(run_teacher, _fresh(student), spec, one)
+                model_dir = distill(run_teacher, student(), spec, one)
             metrics = json.loads((model_dir / "metrics.json").read_text())
             results.append({"name": name, "learning_rate": lr, "batch_size": bs, "model_dir": str(model_dir),
                             "main": metrics["eval_main"], "metrics": metrics})
