@@ -8,7 +8,9 @@ model and run when it is loaded). The library's SQuAD windows and answer extract
 answers one row per question: `answer` (the text, taken from the context; "" = no answer, SQuAD v2.0 only), `score`
 (its probability among the n-best candidates), `start` / `end` (its character offsets in the context, end
 exclusive). The model configuration (`version`, `max_length`, `doc_stride`, `max_query_length`, `null_threshold`)
-is the logged `model_config`.
+is the logged `model_config`; for SQuAD v2.0 `null_threshold` is the student's dev best-F1 threshold (the official
+evaluation's `best_f1_thresh`), so a served question gets "" when its null odds exceed it, as BERT's tuned
+`null_score_diff_threshold`.
 """
 
 from __future__ import annotations
@@ -65,9 +67,8 @@ class SpanReader(PythonModel):
         ids = [str(i) for i in range(len(df))]
         questions = {"id": ids, "question": df["question"].tolist(), "context": df["context"].tolist()}
         features = eval_features(questions, self.tokenizer, self.features)
-        inputs = datasets.Dataset.from_dict({n: features[n] for n in ("input_ids", "attention_mask", "token_type_ids")
-                                             if n in features})
-        logits = predict_span_logits(self.model, self.tokenizer, inputs, batch_size=self.batch_size)
+        logits = predict_span_logits(self.model, self.tokenizer, datasets.Dataset.from_dict(features),
+                                     batch_size=self.batch_size)
         answers = postprocess(questions, features, logits[:, 0], logits[:, 1], version=self.version,
                               null_threshold=self.null_threshold)
         chosen = [answers[i] for i in ids]

@@ -99,7 +99,8 @@ def version_metrics(p: Params, student: str, task: str) -> dict[str, Any]:
         out["retention"] = row["main"] / teacher["main"]
     for key, name in (("int8_main_change", "int8.main_change"), ("params", "params"), ("flops", "flops"),
                       ("latency_ms_b1", "latency_ms_b1"), ("speedup_b1", "speedup_b1"),
-                      ("latency_ms_b1_int8", "latency_ms_b1_int8"), ("bytes_int8_onnx", "bytes_int8_onnx")):
+                      ("latency_ms_b1_int8", "latency_ms_b1_int8"), ("bytes_int8_onnx", "bytes_int8_onnx"),
+                      ("best_f1_thresh", "null_threshold")):  # SQuAD v2.0: the dev-tuned null-odds threshold
         if isinstance(row.get(key), (int, float)):
             out[name] = row[key]
     return out
@@ -226,9 +227,10 @@ def _tag(value: Any) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
-def serving(p: Params, task: str) -> dict[str, Any]:
+def serving(p: Params, task: str, null_threshold: float = 0.0) -> dict[str, Any]:
     """`mlflow.pyfunc.log_model` keywords of the task's pyfunc: its code, configuration, signature, two dev examples
-    as the input example, requirements (and, for a span task, the library as its code)."""
+    as the input example, requirements (and, for a span task, the library as its code). `null_threshold`: SQuAD
+    v2.0's null-odds threshold the reader answers "" above (the student's best-F1 threshold on dev)."""
     import pandas as pd
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, DataType, Schema
@@ -247,7 +249,8 @@ def serving(p: Params, task: str) -> dict[str, Any]:
                             ColSpec(DataType.long, "start"), ColSpec(DataType.long, "end")]))
         return {"python_model": str(PYFUNC_READER), "code_paths": [str(Path(distillery.__file__).parent)],
                 "model_config": {"task": task, "version": SPAN_TASKS[task], "max_length": p.data.max_length,
-                                 "doc_stride": p.data.doc_stride, "max_query_length": p.data.max_query_length},
+                                 "doc_stride": p.data.doc_stride, "max_query_length": p.data.max_query_length,
+                                 "null_threshold": null_threshold},
                 "signature": signature, "pip_requirements": pip_requirements(span=True),
                 "input_example": pd.DataFrame({"question": rows["question"][:], "context": rows["context"][:]})}
     spec = glue.get_task(task)
@@ -292,7 +295,7 @@ def run_register(p: Params, item: str) -> dict[str, Any]:
         staged = Path(tmp) / "model"
         shutil.copytree(model_dir, staged)
         (staged / "README.md").write_text(model_card(p, student, task, metrics), encoding="utf-8")
-        info = mlflow.pyfunc.log_model(name="model", artifacts={"model": str(staged)}, **serving(p, task))
+        info = mlflow.pyfunc.log_model(name="model", artifacts={"model": str(staged)}, **serving(p, task, metrics.get("null_threshold", 0.0)))
     version = str(_new_version(client, name, info).version)
 
     inputs = registry_inputs(student, task)

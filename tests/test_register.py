@@ -22,11 +22,11 @@ WORDS = "the a movie film good bad great plot acting story dull charming it was 
 TASKS = ("mrpc", "stsb")
 
 
-def params(margin: float = 0.0):
+def params(margin: float = 0.0, student: str = "tiny", **data):
     return parse_params({
-        "data": {"source": "local", "glue_dir": "unused", "tasks": list(TASKS), "max_length": 16},
+        "data": {"source": "local", "glue_dir": "unused", "tasks": list(TASKS), "max_length": 16, **data},
         "teacher": {"init": "scratch", "shape": {"layers": 2, "hidden": 16, "heads": 2, "intermediate": 32}},
-        "students": {"tiny": {"recipe": "tinybert", "shape": {"layers": 1, "hidden": 16, "heads": 2,
+        "students": {student: {"recipe": "tinybert", "shape": {"layers": 1, "hidden": 16, "heads": 2,
                                                                 "intermediate": 32}}},
         "registry": {"promote_margin": margin},
     })
@@ -160,3 +160,45 @@ def test_stsb_pyfunc_answers_float_scores(project):
     out = model.predict(pd.DataFrame({"text": ["the cat sat", "the movie"], "text_pair": ["on the mat", "was dull"]}))
     assert list(out.columns) == ["score"] and out["score"].dtype == "float64"
     assert out["score"][0] != out["score"][1]
+
+
+@pytest.mark.parametrize("threshold,empty", [(-1e6, True), (1e6, False)])
+def test_a_squad_v2_reader_answers_with_its_dev_tuned_null_threshold(project, threshold, empty):
+    """The registered v2.0 reader takes the student's dev best-F1 null-odds threshold from metrics/eval: far below
+    every question's null odds it answers "" (no answer), far above it always answers a span of the context."""
+    import datasets
+    import mlflow
+
+    from tasks import paths
+    from tasks.register import run_register
+
+    task, name = "squad_v2", f"tiny{'-empty' if empty else ''}"
+    out = paths.student(name, task) / "model"
+    out.mkdir(parents=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ",", ".", "?", "who"] + WORDS
+    (out / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    tok = transformers.BertTokenizerFast(vocab=str(out / "vocab.txt"))
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, max_position_embeddings=64)
+    transformers.BertForQuestionAnswering(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    context = "the cat sat on the mat . the movie was good"
+    dev = datasets.Dataset.from_dict({"id": ["q0"], "title": ["t"], "context": [context], "question": ["who sat ?"],
+                                      "answers": [{"text": ["the cat"], "answer_start": [0]}]})
+    datasets.DatasetDict({"train": dev, "dev": dev}).save_to_disk(str(paths.task_data(task)))
+    paths.evaluation(task).parent.mkdir(parents=True, exist_ok=True)
+    paths.evaluation(task).write_text(json.dumps({
+        "teacher": {"main": 0.7, "em": 60.0, "f1": 70.0},
+        name: {"em": 50.0, "f1": 60.0, "main": 0.6, "best_f1": 61.0, "best_f1_thresh": threshold, "params": 100}}))
+    with mlflow.start_run():
+        run_register(params(student=name, max_length=32, doc_stride=8, max_query_length=8), f"{name}:{task}")
+    record = json.loads(paths.registry(name, task).read_text())
+    assert float(record["metrics"]["null_threshold"]) == threshold
+    model = mlflow.pyfunc.load_model(f"models:/{name}-{task}@champion")
+    assert model.model_config["null_threshold"] == threshold
+    [answer] = model.predict(pd.DataFrame({"question": ["who sat ?"], "context": [context]})).to_dict("records")
+    if empty:
+        assert (answer["answer"], answer["start"], answer["end"]) == ("", 0, 0)
+    else:
+        assert answer["answer"] and context[answer["start"]:answer["end"]] == answer["answer"]
