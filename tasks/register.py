@@ -295,7 +295,8 @@ def run_register(p: Params, item: str) -> dict[str, Any]:
         staged = Path(tmp) / "model"
         shutil.copytree(model_dir, staged)
         (staged / "README.md").write_text(model_card(p, student, task, metrics), encoding="utf-8")
-        info = mlflow.pyfunc.log_model(name="model", artifacts={"model": str(staged)}, **serving(p, task, metrics.get("null_threshold", 0.0)))
+        info = mlflow.pyfunc.log_model(name="model", artifacts={"model": str(staged)},
+                                       **serving(p, task, metrics.get("null_threshold", 0.0)))
     version = str(_new_version(client, name, info).version)
 
     inputs = registry_inputs(student, task)
