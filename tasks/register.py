@@ -227,7 +227,7 @@ def _tag(value: Any) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
-def serving(p: Params, task: str, null_threshold: float = 0.0) -> dict[str, Any]:
+def serving(p: Params, task: str, null_threshold: float) -> dict[str, Any]:
     """`mlflow.pyfunc.log_model` keywords of the task's pyfunc: its code, configuration, signature, two dev examples
     as the input example, requirements (and, for a span task, the library as its code). `null_threshold`: SQuAD
     v2.0's null-odds threshold the reader answers "" above (the student's best-F1 threshold on dev)."""

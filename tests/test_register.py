@@ -32,6 +32,19 @@ def params(margin: float = 0.0, student: str = "tiny", **data):
     })
 
 
+def save_tiny_model(out: Path, head, **config) -> None:
+    """A 1-layer BERT with `head` (a transformers model class) and its tokenizer over WORDS, saved to `out`."""
+    out.mkdir(parents=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ",", "."] + WORDS
+    (out / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    tok = transformers.BertTokenizerFast(vocab=str(out / "vocab.txt"))
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, max_position_embeddings=64, **config)
+    head(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+
+
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     """tasks.paths pointed at a temporary project with a student per task, the prepared tasks and MLflow."""
@@ -50,16 +63,8 @@ def project(tmp_path_factory):
     mlflow.set_tracking_uri(uri)
     for task in TASKS:
         spec = get_task(task)
-        out = paths.student("tiny", task) / "model"
-        out.mkdir(parents=True)
-        vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ",", "."] + WORDS
-        (out / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-        tok = transformers.BertTokenizerFast(vocab=str(out / "vocab.txt"))
-        torch.manual_seed(0)
-        cfg = transformers.BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                      intermediate_size=32, max_position_embeddings=64, num_labels=spec.num_labels)
-        transformers.BertForSequenceClassification(cfg).save_pretrained(out)
-        tok.save_pretrained(out)
+        save_tiny_model(paths.student("tiny", task) / "model", transformers.BertForSequenceClassification,
+                        num_labels=spec.num_labels)
         dev = datasets.Dataset.from_dict({"text_a": ["the movie was good", "the cat sat"],
                                           "text_b": ["the film was great", "on the mat"],
                                           "label": [1.0, 0.0] if spec.is_regression else [1, 0], "idx": [0, 1]})
@@ -173,16 +178,7 @@ def test_a_squad_v2_reader_answers_with_its_dev_tuned_null_threshold(project, th
     from tasks.register import run_register
 
     task, name = "squad_v2", f"tiny{'-empty' if empty else ''}"
-    out = paths.student(name, task) / "model"
-    out.mkdir(parents=True)
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ",", ".", "?", "who"] + WORDS
-    (out / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    tok = transformers.BertTokenizerFast(vocab=str(out / "vocab.txt"))
-    torch.manual_seed(0)
-    cfg = transformers.BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                  intermediate_size=32, max_position_embeddings=64)
-    transformers.BertForQuestionAnswering(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
+    save_tiny_model(paths.student(name, task) / "model", transformers.BertForQuestionAnswering)
     context = "the cat sat on the mat . the movie was good"
     dev = datasets.Dataset.from_dict({"id": ["q0"], "title": ["t"], "context": [context], "question": ["who sat ?"],
                                       "answers": [{"text": ["the cat"], "answer_start": [0]}]})
