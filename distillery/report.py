@@ -26,21 +26,28 @@ class ReportError(ValueError):
 
 
 def task_score(task: str, metrics: Mapping[str, Any]) -> float | None:
-    """The task's headline score (GLUE main score: mean of F1/acc for MRPC/QQP, of Pearson/Spearman
-    for STS-B, MCC for CoLA, accuracy otherwise); unknown tasks: the mean of the metric keys present."""
+    """The task's headline score, a fraction as the models' main score is (`distillery.task_kinds`: GLUE's main score,
+    the mean of F1/acc for MRPC/QQP, of Pearson/Spearman for STS-B, MCC for CoLA, accuracy otherwise; SQuAD's F1 over
+    100, so that an average over GLUE and SQuAD adds like to like); unknown tasks: the mean of the metric keys present."""
     present = {k: float(metrics[k]) for k in METRIC_KEYS if isinstance(metrics.get(k), (int, float))}
     if not present:
         return None
     try:
-        from distillery.glue import main_score
+        from distillery.task_kinds import task_kind
 
-        return float(main_score(task, present))
+        return float(task_kind(task).main_score(present))
     except (ImportError, KeyError, ValueError):
         return sum(present.values()) / len(present)
 
 
 #: the summary's key for the averages over its tasks (not a task)
 AVERAGE = "average"
+
+
+def retention(score: float, teacher_score: float) -> float | None:
+    """A score over its teacher's (the papers' "retains 96.8% of its teacher"); None when the teacher's score is not
+    positive (an MCC, F1 or correlation of 0 or below), where the ratio means nothing."""
+    return score / teacher_score if teacher_score > 0 else None
 
 
 def averages(main: Mapping[str, Mapping[str, float]], teacher: str) -> dict[str, dict[str, Any]]:
@@ -52,11 +59,11 @@ def averages(main: Mapping[str, Mapping[str, float]], teacher: str) -> dict[str,
     out: dict[str, dict[str, Any]] = {}
     for model in common:
         out[model] = {"main": sum(main[t][model] for t in tasks) / len(tasks), "tasks": tasks}
-    if teacher in out and out[teacher]["main"]:
+    if teacher in out and out[teacher]["main"] > 0:
         for model, row in out.items():
-            if model != teacher and all(main[t][teacher] for t in tasks):
-                row["retention"] = row["main"] / out[teacher]["main"]
-                row["mean_task_retention"] = sum(main[t][model] / main[t][teacher] for t in tasks) / len(tasks)
+            if model != teacher and all(main[t][teacher] > 0 for t in tasks):
+                row["retention"] = retention(row["main"], out[teacher]["main"])
+                row["mean_task_retention"] = sum(retention(main[t][model], main[t][teacher]) for t in tasks) / len(tasks)
     return out
 
 
@@ -122,8 +129,8 @@ def build_rows(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], *, latenc
         if t_row and row is not t_row and row["is_student"]:  # the summary gives no retention without a teacher
             common = [t for t in scores if t in t_row["scores"]]
             t_avg = sum(t_row["scores"][t] for t in common) / len(common) if common else 0
-            if common and t_avg:
-                row["retention"] = (sum(scores[t] for t in common) / len(common)) / t_avg
+            if common:
+                row["retention"] = retention(sum(scores[t] for t in common) / len(common), t_avg)
         row["is_teacher"] = row is t_row
     ordered = ([t_row] if t_row else []) + [r for r in models.values() if r is not t_row]
     return tasks, ordered

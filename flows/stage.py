@@ -5,6 +5,12 @@
 
 DVC decides what to rerun (deps/params/outs in dvc.yaml), so this runs the stage body directly, without
 a Prefect server: the same code and outputs as the Prefect task, with its own MLflow run.
+
+    python -m flows.stage all [--params params/gpu.yaml]
+
+runs every stage of the params, one after another in the flow's order (fresh ones are cached), without Prefect: for
+a machine that has the library but not the `pipeline` extra. With `DISTILLERY_TRACKING=off` (tasks.tracking) it
+needs no MLflow either and leaves the register stage out.
 """
 
 from __future__ import annotations
@@ -20,12 +26,13 @@ from distillery.errors import UserError, debug_requested, run_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    from flows.stages import STAGES, items
-    from tasks.execute import execute
+    from flows.stages import STAGES, items, nodes
+    from tasks import tracking
+    from tasks.execute import execute, say
 
     parser = argparse.ArgumentParser(prog="python -m flows.stage", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", choices=sorted(STAGES))
+    parser.add_argument("stage", choices=["all", *sorted(STAGES)], help="a stage, or all of them in order")
     parser.add_argument("--item", default=None, help="task, student, or student:task")
     parser.add_argument("--params", default=os.environ.get("DISTILLERY_PARAMS", "params.yaml"))
     parser.add_argument("--debug", action="store_true", help="show the traceback of a user error")
@@ -33,11 +40,20 @@ def main(argv: list[str] | None = None) -> int:
 
     def run() -> int:
         p = load_params(args.params, inputs=True, root=env.ROOT)
-        valid = items(args.stage, p)
-        if args.item not in valid:
-            raise UserError(f"{args.stage}: item {args.item!r} is not one of {valid} under {args.params}")
-        execute(STAGES[args.stage], p, args.item)
-        if args.stage == "report" and p.finetune.stop_on_failed_gate:
+        if args.stage == "all":
+            if args.item is not None:
+                raise UserError("all: --item names one stage's item; `all` runs every item")
+            for name, item in nodes(p):
+                if name == "register" and not tracking.enabled():
+                    say(f"register[{item}]: left out ({tracking.SWITCH}=off)")
+                    continue
+                execute(STAGES[name], p, item)
+        else:
+            valid = items(args.stage, p)
+            if args.item not in valid:
+                raise UserError(f"{args.stage}: item {args.item!r} is not one of {valid} under {args.params}")
+            execute(STAGES[args.stage], p, args.item)
+        if args.stage in ("all", "report") and p.finetune.stop_on_failed_gate:
             from tasks.teacher import failed_gates
 
             if failed := failed_gates(p):  # the run ends as the flow's does: one `error:` line per task, exit 2

@@ -14,6 +14,7 @@ from tasks.teacher import encoding, gate_failure, load_task, trivial_baseline
 
 from distillery.config import Params
 from distillery.io import write_json
+from distillery.report import retention
 from distillery.task_kinds import is_span, task_kind
 
 
@@ -250,8 +251,8 @@ def _summary(p: Params) -> dict[str, Any]:
         summary[task] = {}
         for name, r in results.items():
             entry = {k: v for k, v in r.items() if k != "main"}
-            if name not in ("teacher", "trivial") and passed:
-                entry["retention"] = r["main"] / teacher_main
+            if name not in ("teacher", "trivial") and passed and (kept := retention(r["main"], teacher_main)) is not None:
+                entry["retention"] = kept
             if f"{name}-direct" in results:
                 entry["gain_over_direct"] = r["main"] - results[f"{name}-direct"]["main"]
             summary[task][name] = entry
@@ -275,8 +276,8 @@ def _int8_entry(r: dict[str, Any], teacher_main: float | None) -> dict[str, Any]
         entry["bytes_onnx"] = r["bytes_int8_onnx"]
     main = r["main"] + r["int8_main_change"]
     entry["main_change_vs_fp32"] = r["int8_main_change"]
-    if teacher_main:
-        entry["retention"] = main / teacher_main
+    if teacher_main is not None and (kept := retention(main, teacher_main)) is not None:
+        entry["retention"] = kept
     return entry
 
 

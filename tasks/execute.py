@@ -60,9 +60,6 @@ def execute(stage: Stage, params: Params, item: str | None = None, parent_run_id
                       tags={"stage": stage.name, "item": item or ""}):
         result = run_stage(stage, params, item, key)
         if result.get("skipped"):
-            import mlflow
-
-            mlflow.set_tag("skipped", str(result["skipped"])[:5000])
             write_text(paths.curves(name), "step,loss\n")  # no training step (and the plot dvc.yaml declares exists)
         if result.get("curve") and Path(result["curve"]).is_file():
             with atomic_path(paths.curves(name)) as tmp:

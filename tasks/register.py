@@ -23,13 +23,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tasks import paths
+from tasks import paths, tracking
 from tasks.execute import say
 from tasks.provenance import git_commit, lock_outs
 from tasks.stage import SkipStage, Stage, fingerprint, skipped, split_item
 
 from distillery.config import Params
 from distillery.io import write_json
+from distillery.report import retention
 from distillery.task_kinds import SPAN_TASKS, is_span, task_kind
 
 CANDIDATE, CHAMPION = "candidate", "champion"
@@ -94,9 +95,10 @@ def version_metrics(p: Params, student: str, task: str) -> dict[str, Any]:
     names = task_kind(task).metric_names
     out: dict[str, Any] = {f"dev.{m}": row[m] for m in names if isinstance(row.get(m), (int, float))}
     out["dev.main"] = row["main"]
-    if teacher.get("main"):
+    if teacher.get("main") is not None:
         out["teacher.dev.main"] = teacher["main"]
-        out["retention"] = row["main"] / teacher["main"]
+        if (kept := retention(row["main"], teacher["main"])) is not None:
+            out["retention"] = kept
     for key, name in (("int8_main_change", "int8.main_change"), ("params", "params"), ("flops", "flops"),
                       ("latency_ms_b1", "latency_ms_b1"), ("speedup_b1", "speedup_b1"),
                       ("latency_ms_b1_int8", "latency_ms_b1_int8"), ("bytes_int8_onnx", "bytes_int8_onnx"),
@@ -267,6 +269,7 @@ def serving(p: Params, task: str, null_threshold: float) -> dict[str, Any]:
 
 
 def run_register(p: Params, item: str) -> dict[str, Any]:
+    tracking.require("the register stage")
     import mlflow
     from mlflow.exceptions import MlflowException
 

@@ -1,6 +1,9 @@
 """MLflow tracking for stages: one parent run per pipeline run, a nested run per stage.
 
 The tracking URI defaults to `sqlite:///<project>/mlflow.db` (tasks.env); MLFLOW_TRACKING_URI overrides it.
+`DISTILLERY_TRACKING=off` runs stages untracked, for a machine with the library but not the `pipeline` extra (an
+offline GPU box: `benchmarks.gpu_bundle`): no MLflow run is opened and nothing is logged; the stages' files are the
+same, and the register stage, which needs the registry, refuses to run.
 Each run carries the host and process id that own it, so a run whose process was killed (it stays RUNNING
 forever otherwise) is marked FAILED when the next top-level run starts on that host. A top-level run is tagged
 with its provenance: the git commit and what `dvc.lock` records of its inputs (tasks.provenance).
@@ -19,6 +22,20 @@ from typing import Any, Iterator
 
 EXPERIMENT = "distillery"
 HOST_TAG, PID_TAG = "distillery.host", "distillery.pid"
+SWITCH = "DISTILLERY_TRACKING"
+
+
+def enabled() -> bool:
+    """Whether stages are tracked in MLflow (`DISTILLERY_TRACKING` is not `off`)."""
+    return os.environ.get(SWITCH, "on").strip().lower() != "off"
+
+
+def require(what: str) -> None:
+    """Refuse `what` (something that needs MLflow itself, not only a log) while tracking is off."""
+    if not enabled():
+        from distillery.errors import UserError
+
+        raise UserError(f"{what} needs MLflow, and tracking is off ({SWITCH}=off): unset it")
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -35,6 +52,10 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 @contextlib.contextmanager
 def run(name: str, *, params: dict[str, Any] | None = None, parent_run_id: str | None = None,
         tags: dict[str, str] | None = None) -> Iterator[Any]:
+    """A (nested) MLflow run around a stage or a pipeline; None, and nothing logged, while tracking is off."""
+    if not enabled():
+        yield None
+        return
     import mlflow
 
     experiment = mlflow.set_experiment(EXPERIMENT)
@@ -78,8 +99,14 @@ def close_orphans(experiment_id: str) -> list[str]:
 
 
 def log_result(result: dict[str, Any]) -> None:
-    """Log what a stage returned: flat metrics, a metrics JSON file, a per-step CSV curve, artifacts."""
+    """Log what a stage returned: flat metrics, a metrics JSON file, a per-step CSV curve, artifacts; a skip reason as
+    the run's tag `skipped`."""
+    if not enabled():
+        return
     import mlflow
+
+    if result.get("skipped"):
+        mlflow.set_tag("skipped", str(result["skipped"])[:5000])
 
     metrics = dict(result.get("metrics") or {})
     if result.get("metrics_file") and Path(result["metrics_file"]).is_file():

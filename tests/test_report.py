@@ -4,7 +4,8 @@ import struct
 
 import pytest
 
-from distillery.report import AVERAGE, ReportError, averages, build_rows, read_loss_curve, render_markdown, write_report
+from distillery.report import (AVERAGE, ReportError, averages, build_rows, read_loss_curve, render_markdown, retention,
+                               write_report)
 
 SUMMARY = {
     "sst2": {"teacher": {"params": 109_000_000, "flops": 22.3e9, "accuracy": 0.92},
@@ -40,6 +41,31 @@ def test_averages_retention_of_the_average_and_mean_of_retentions():
     # the averages sit beside the tasks in the summary, and the report does not take them for a task
     tasks, _ = build_rows({**SUMMARY, AVERAGE: {"teacher": {"main": 0.8}, "tiny4": {"main": 0.7, "retention": 0.9}}})
     assert tasks == ["sst2", "mrpc", "stsb"]
+
+
+def test_no_retention_of_a_teacher_that_scores_zero_or_below():
+    # CoLA's MCC (or a correlation) at 0 passes a gate of min_gain_over_trivial 0 against the trivial baseline's 0:
+    # a ratio to it means nothing, and none is given (it was a ZeroDivisionError in the report stage)
+    assert retention(0.3, 0.6) == pytest.approx(0.5)
+    assert retention(0.3, 0.0) is None and retention(0.3, -0.1) is None
+    for teacher_cola in (0.0, -0.05):
+        avg = averages({"sst2": {"teacher": 0.8, "s": 0.7}, "cola": {"teacher": teacher_cola, "s": 0.1}}, "teacher")
+        assert avg["s"]["main"] == pytest.approx(0.4) and "retention" not in avg["s"]
+    _, rows = build_rows({"cola": {"teacher": {"mcc": 0.0}, "s": {"mcc": 0.1}}})
+    assert [r["retention"] for r in rows] == [None, None]
+
+
+def test_glue_and_squad_average_like_with_like():
+    # SQuAD's F1 is in percent in the summary (the official script's scale), GLUE's scores are fractions: the table's
+    # average takes F1 / 100, as the summary's own average does (task_kinds' main score)
+    summary = {"sst2": {"teacher": {"accuracy": 0.9}, "s": {"accuracy": 0.88, "retention": 0.98}},
+               "squad": {"teacher": {"exact_match": 59.2, "f1": 71.8}, "s": {"exact_match": 56.0, "f1": 68.8,
+                                                                            "retention": 0.96}}}
+    tasks, rows = build_rows(summary)
+    teacher, student = rows
+    assert teacher["scores"]["squad"] == pytest.approx(0.718) and teacher["avg"] == pytest.approx((0.9 + 0.718) / 2)
+    assert student["retention"] == pytest.approx((0.88 + 0.688) / (0.9 + 0.718))
+    assert "| 90.0 | 71.8 | 80.9 |" in render_markdown(tasks, rows)
 
 
 def test_markdown_layout_like_table1():

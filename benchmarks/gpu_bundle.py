@@ -1,0 +1,213 @@
+"""Take the `gpu` preset and `benchmarks.gpu` to an offline GPU machine: pack their inputs here, unpack them there.
+
+Here:   python -m benchmarks.gpu_bundle pack [--params params/gpu.yaml] [--out .gpu] [--python-version 3.12]
+There:  python3 -m benchmarks.gpu_bundle unpack [--bundle .gpu]
+        python3 -m benchmarks.gpu
+        DISTILLERY_TRACKING=off python3 -m flows.stage all --params params/gpu.yaml
+
+The machine it is made for has Python, torch and transformers but no network and none of the data (the H100/H200 that
+the device tool lends: its image lacks `MISSING_THERE`, and one call carries at most `LIMIT_MIB` with the project).
+
+`pack` writes `<out>/inputs.tar.xz`: the params' local inputs outside the project (teacher, GLUE, SQuAD, corpus, word
+vectors) under their paths from the project's parent directory, float32 safetensors stored as float16 (half the bytes;
+`unpack` writes float32 again, each weight rounded to float16's 11 significant bits: a relative change of at most
+2^-11, which the manifest records as measured). It downloads `<out>/wheels/`: `MISSING_THERE` at the versions installed
+here, built for the other machine's Python. It fails, saying what takes the room, when the bundle and the project's
+tracked files do not fit `--limit-mib`.
+`unpack` installs those wheels into the Python that runs it (pip, no index, no dependencies) and puts the inputs where
+the params expect them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+INPUTS, WHEELS, MANIFEST = "inputs.tar.xz", "wheels", "manifest.json"
+LIMIT_MIB = 64
+#: The library's requirements (with theirs) that the lent GPU machine's image does not hold (the device tool's
+#: KINDS.md, read 2026-11-17); torch, transformers, tokenizers, safetensors, numpy, pandas, pyarrow, scipy,
+#: scikit-learn, accelerate, onnx and tqdm are there.
+MISSING_THERE = ("datasets", "dill", "multiprocess", "pydantic", "pydantic-core", "annotated-types",
+                 "typing-inspection", "nltk")
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def local_inputs(params_file: str, root: Path = ROOT) -> list[Path]:
+    """The local paths outside the project `root` that the params read (the teacher directory, the GLUE directory,
+    the SQuAD file, the corpus files, the word vectors); each must lie beside the project (under its parent)."""
+    from distillery.errors import UserError
+
+    from distillery.config import augment_sections, load_params, resolve_path
+    from distillery.task_kinds import is_span
+
+    p = load_params(params_file, inputs=True, root=root)
+    named = [p.teacher.name_or_path] if p.teacher.init == "pretrained" else []
+    if p.data.source == "local":
+        named += [p.data.glue_dir] if any(not is_span(t) for t in p.data.tasks) else []
+        named += [p.data.squad_file] if "squad" in p.data.tasks else []
+    named += list(p.corpus.paths) if p.corpus.source == "files" else []
+    if any(a.enabled for a in augment_sections(p)) and p.word_vectors.source == "file":
+        named.append(p.word_vectors.path)
+    paths = [q for q in dict.fromkeys(resolve_path(n, root) for n in named if n) if not q.is_relative_to(root)]
+    if far := [str(q) for q in paths if not q.is_relative_to(root.parent)]:
+        raise UserError(f"{params_file}: {', '.join(far)} not beside the project ({root.parent}): the bundle keeps "
+                        "paths relative to the project's parent")
+    return paths
+
+
+def halve(src: Path, dst: Path) -> dict[str, object]:
+    """Write `src`'s safetensors with float32 tensors as float16; return what `restore` needs and the largest relative
+    change of a tensor (max |w - fp16(w)| / max |w|)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(src)
+    halved = [k for k, v in tensors.items() if v.dtype == torch.float32]
+    worst = 0.0
+    for k in halved:
+        v = tensors[k]
+        h = v.half()
+        if not torch.isfinite(h).all():
+            raise ValueError(f"{src}: tensor {k} does not fit float16 (|w| up to {v.abs().max():.3g})")
+        scale = v.abs().max().item()
+        worst = max(worst, (v - h.float()).abs().max().item() / scale if scale else 0.0)
+        tensors[k] = h.contiguous()
+    save_file(tensors, dst, metadata=_metadata(src))
+    return {"float16": halved, "max_rel_change": worst}
+
+
+def _metadata(path: Path) -> dict[str, str] | None:
+    from safetensors import safe_open
+
+    with safe_open(path, "pt") as f:
+        return f.metadata()
+
+
+def restore(path: Path, halved: list[str]) -> None:
+    """Make the `halved` tensors of a packed safetensors file float32 again, in place (atomically)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(path)
+    for k in halved:
+        tensors[k] = tensors[k].float()
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(tensors, tmp, metadata=_metadata(path))
+    tmp.replace(path)
+
+
+def download_wheels(dest: Path, python_version: str) -> list[str]:
+    pins = [f"{name}=={importlib.metadata.version(name)}" for name in MISSING_THERE]
+    platforms = [a for plat in PLATFORMS for a in ("--platform", plat)]
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
+                    python_version, "--implementation", "cp", *platforms, "-d", str(dest), *pins],
+                   check=True, stderr=subprocess.DEVNULL)
+    return pins
+
+
+def tracked_bytes(root: Path) -> int:
+    try:
+        names = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout.split(b"\0")
+    except (OSError, subprocess.CalledProcessError):
+        return 0
+    return sum((root / n.decode()).stat().st_size for n in names if n and (root / n.decode()).is_file())
+
+
+def pack(params_file: str, out: Path, python_version: str = "3.12", limit_mib: float = LIMIT_MIB, *,
+         wheels: bool = True, root: Path = ROOT) -> dict:
+    from distillery.errors import UserError
+    from distillery.io import atomic_path, write_json
+
+    out.mkdir(parents=True, exist_ok=True)
+    files: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp, atomic_path(out / INPUTS) as staged:
+        with tarfile.open(staged, "w:xz", preset=6) as tar:
+            for top in local_inputs(params_file, root):
+                for f in sorted([top] if top.is_file() else (q for q in top.rglob("*") if q.is_file())):
+                    name = f.relative_to(root.parent).as_posix()
+                    if f.suffix == ".safetensors":
+                        files[name] = halve(f, Path(tmp) / f.name)
+                        tar.add(Path(tmp) / f.name, arcname=name)
+                    else:
+                        tar.add(f, arcname=name)
+                    files.setdefault(name, {})
+    pins = []
+    if wheels:
+        wheel_dir = out / WHEELS
+        for old in wheel_dir.glob("*.whl"):
+            old.unlink()
+        pins = download_wheels(wheel_dir, python_version)
+    manifest = {"params": params_file, "python": python_version, "wheels": pins, "files": files}
+    write_json(out / MANIFEST, manifest)
+    sizes = {"inputs": (out / INPUTS).stat().st_size, "wheels": sum(w.stat().st_size for w in out.glob(f"{WHEELS}/*.whl")),
+             "project": tracked_bytes(root)}
+    total = sum(sizes.values())
+    line = ", ".join(f"{k} {mib(v)}" for k, v in sizes.items())
+    if total > limit_mib * 2**20:
+        raise UserError(f"{out}: {line}: {mib(total)} is over the {limit_mib:g} MiB one call carries")
+    worst = max((f.get("max_rel_change", 0.0) for f in files.values()), default=0.0)
+    print(f"bundle {out}: {len(files)} files, {line}: {mib(total)} of {limit_mib:g} "
+          f"(float16 weights: largest relative change {worst:.1e})")
+    return manifest
+
+
+def unpack(bundle: Path, install: bool = True, root: Path = ROOT) -> None:
+    from distillery.errors import UserError
+
+    if not (bundle / MANIFEST).is_file():
+        raise UserError(f"{bundle}: no {MANIFEST} (make the bundle with `python -m benchmarks.gpu_bundle pack`)")
+    manifest = json.loads((bundle / MANIFEST).read_text())
+    wheels = sorted(str(w) for w in (bundle / WHEELS).glob("*.whl"))
+    if install and wheels:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                        "--disable-pip-version-check", *wheels], check=True)
+    with tarfile.open(bundle / INPUTS, "r:xz") as tar:  # never over a file that is there (the originals, here)
+        new = [m for m in tar.getmembers() if not (root.parent / m.name).exists()]
+        tar.extractall(root.parent, members=new, filter="data")
+    for m in new:
+        if halved := manifest["files"].get(m.name, {}).get("float16"):
+            restore(root.parent / m.name, halved)
+    kept = len(manifest["files"]) - len(new)
+    print(f"unpacked {bundle}: {len(new)} files under {root.parent}" + (f" ({kept} already there, kept)" if kept else "")
+          + f", {len(wheels) if install else 0} wheels installed into {sys.prefix}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from distillery.errors import run_main
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_bundle", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    a = sub.add_parser("pack", help="here: the inputs and wheels into a folder that fits one call")
+    a.add_argument("--params", default="params/gpu.yaml")
+    a.add_argument("--out", type=Path, default=ROOT / ".gpu")
+    a.add_argument("--python-version", default="3.12", help="the other machine's Python (its wheels)")
+    a.add_argument("--limit-mib", type=float, default=LIMIT_MIB)
+    b = sub.add_parser("unpack", help="there: install the wheels, put the inputs where the params expect them")
+    b.add_argument("--bundle", type=Path, default=ROOT / ".gpu")
+    b.add_argument("--no-install", action="store_true", help="only the inputs")
+    args = p.parse_args(argv)
+
+    def run() -> int:
+        if args.command == "pack":
+            pack(args.params, args.out, args.python_version, args.limit_mib)
+        else:
+            unpack(args.bundle, install=not args.no_install)
+        return 0
+
+    return run_main(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
