@@ -172,6 +172,10 @@ def unpack(bundle: Path, install: bool = True, root: Path = ROOT) -> None:
     if install and wheels:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                         "--disable-pip-version-check", *wheels], check=True)
+        check = subprocess.run([sys.executable, "-c", "import datasets, pydantic, nltk, distillery.config"], cwd=root,
+                               capture_output=True, text=True)
+        if check.returncode:  # a wheel that needs a newer package than the machine has (e.g. datasets and pyarrow)
+            raise UserError(f"{bundle}: the installed wheels do not import here: {check.stderr.strip().splitlines()[-1]}")
     with tarfile.open(bundle / INPUTS, "r:xz") as tar:  # never over a file that is there (the originals, here)
         new = [m for m in tar.getmembers() if not (root.parent / m.name).exists()]
         tar.extractall(root.parent, members=new, filter="data")

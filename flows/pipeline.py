@@ -177,7 +177,7 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
 
 def _pipeline(params_file: str) -> dict[str, Any]:
     try:
-        tracking.require("the pipeline (its parent run; `python -m flows.stage all` runs the stages untracked)")
+        tracking.require("the pipeline", "run its stages untracked with `python -m flows.stage all`")
         p = load_params(params_file, inputs=True, root=env.ROOT)
     except UserError as exc:
         if debug_requested([]):

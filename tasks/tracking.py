@@ -30,12 +30,14 @@ def enabled() -> bool:
     return os.environ.get(SWITCH, "on").strip().lower() != "off"
 
 
-def require(what: str) -> None:
-    """Refuse `what` (something that needs MLflow itself, not only a log) while tracking is off."""
+def require(what: str, otherwise: str = "") -> None:
+    """Refuse `what` (something that needs MLflow itself, not only a log) while tracking is off; `otherwise` says
+    what else the user can run."""
     if not enabled():
         from distillery.errors import UserError
 
-        raise UserError(f"{what} needs MLflow, and tracking is off ({SWITCH}=off): unset it")
+        raise UserError(f"{what} needs MLflow, and tracking is off ({SWITCH}=off): unset it"
+                        + (f", or {otherwise}" if otherwise else ""))
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -110,3 +110,13 @@ def test_bundle_refuses_what_does_not_fit_or_lies_elsewhere(beside, tmp_path, mo
     (beside / "params.yaml").write_text(yaml.safe_dump(params))
     with pytest.raises(UserError, match=f"{far} not beside the project"):
         gpu_bundle.pack("params.yaml", tmp_path / "bundle", wheels=False, root=beside)
+
+
+def test_the_flow_refuses_to_run_untracked_and_names_what_runs(monkeypatch, capsys):
+    from flows import pipeline
+
+    monkeypatch.setenv("DISTILLERY_TRACKING", "off")
+    result = pipeline._pipeline("params.yaml")  # the flow's body: stopped before any stage or MLflow run
+    assert result["stopped"] == ["the pipeline needs MLflow, and tracking is off (DISTILLERY_TRACKING=off): unset it, "
+                                 "or run its stages untracked with `python -m flows.stage all`"]
+    assert "error: the pipeline needs MLflow" in capsys.readouterr().err
