@@ -47,9 +47,8 @@ def mib(n: float) -> str:
 def local_inputs(params_file: str, root: Path = ROOT) -> list[Path]:
     """The local paths outside the project `root` that the params read (the teacher directory, the GLUE directory,
     the SQuAD file, the corpus files, the word vectors); each must lie beside the project (under its parent)."""
-    from distillery.errors import UserError
-
     from distillery.config import augment_sections, load_params, resolve_path
+    from distillery.errors import UserError
     from distillery.task_kinds import is_span
 
     p = load_params(params_file, inputs=True, root=root)
@@ -110,9 +109,14 @@ def restore(path: Path, halved: list[str]) -> None:
 def download_wheels(dest: Path, python_version: str) -> list[str]:
     pins = [f"{name}=={importlib.metadata.version(name)}" for name in MISSING_THERE]
     platforms = [a for plat in PLATFORMS for a in ("--platform", plat)]
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
-                    python_version, "--implementation", "cp", *platforms, "-d", str(dest), *pins],
-                   check=True, stderr=subprocess.DEVNULL)
+    got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                          "--python-version", python_version, "--implementation", "cp", *platforms, "-d", str(dest),
+                          *pins], capture_output=True, text=True)
+    if got.returncode:
+        from distillery.errors import UserError
+
+        errors = [line for line in got.stderr.splitlines() if line.startswith("ERROR")] or got.stderr.splitlines()[-1:]
+        raise UserError(f"pip download of {' '.join(pins)} for Python {python_version} failed: {' '.join(errors)}")
     return pins
 
 
