@@ -98,12 +98,13 @@ def restore(path: Path, halved: list[str]) -> None:
     """Make the `halved` tensors of a packed safetensors file float32 again, in place (atomically)."""
     from safetensors.torch import load_file, save_file
 
+    from distillery.io import atomic_path
+
     tensors = load_file(path)
     for k in halved:
         tensors[k] = tensors[k].float()
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file(tensors, tmp, metadata=_metadata(path))
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        save_file(tensors, tmp, metadata=_metadata(path))
 
 
 def download_wheels(dest: Path, python_version: str) -> list[str]:
@@ -140,12 +141,9 @@ def pack(params_file: str, out: Path, python_version: str = "3.12", limit_mib: f
             for top in local_inputs(params_file, root):
                 for f in sorted([top] if top.is_file() else (q for q in top.rglob("*") if q.is_file())):
                     name = f.relative_to(root.parent).as_posix()
-                    if f.suffix == ".safetensors":
-                        files[name] = halve(f, Path(tmp) / f.name)
-                        tar.add(Path(tmp) / f.name, arcname=name)
-                    else:
-                        tar.add(f, arcname=name)
-                    files.setdefault(name, {})
+                    src = Path(tmp) / f.name if f.suffix == ".safetensors" else f
+                    files[name] = halve(f, src) if src != f else {}
+                    tar.add(src, arcname=name)
     pins = []
     if wheels:
         wheel_dir = out / WHEELS
@@ -176,7 +174,8 @@ def unpack(bundle: Path, install: bool = True, root: Path = ROOT) -> None:
     if install and wheels:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                         "--disable-pip-version-check", *wheels], check=True)
-        check = subprocess.run([sys.executable, "-c", "import datasets, pydantic, nltk, distillery.config"], cwd=root,
+        modules = ", ".join(name.replace("-", "_") for name in MISSING_THERE)  # each wheel's module is its name
+        check = subprocess.run([sys.executable, "-c", f"import {modules}, distillery.config"], cwd=root,
                                capture_output=True, text=True)
         if check.returncode:  # a wheel that needs a newer package than the machine has (e.g. datasets and pyarrow)
             raise UserError(f"{bundle}: the installed wheels do not import here: {check.stderr.strip().splitlines()[-1]}")
