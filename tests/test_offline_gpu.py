@@ -3,9 +3,13 @@ run of every stage (`DISTILLERY_TRACKING=off python -m flows.stage all`) with ML
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tarfile
 
 import pytest
 import torch
@@ -93,9 +97,164 @@ def test_bundle_carries_the_inputs_beside_the_project_and_unpacks_float32(beside
             assert torch.equal(restored[k], v)
     assert 0 < worst <= 2**-11 and worst == pytest.approx(manifest["files"][weights]["max_rel_change"])
 
-    (there.parent / weights).write_bytes(b"kept")  # a second unpack never writes over what is there
+    assert gpu_bundle.sha256(there.parent / weights) == manifest["files"][weights]["sha256"]
+    original = (beside.parent / weights).read_bytes()  # laid out as the original: the same header, then the tensors
+    assert (there.parent / weights).read_bytes()[:100] == original[:100] and (there.parent / weights).stat().st_size == len(original)
+
+    (there.parent / weights).write_bytes(original)  # a file there with the original's (or the manifest's) sha256 is kept
     gpu_bundle.unpack(out, install=False, root=there)
-    assert (there.parent / weights).read_bytes() == b"kept" and "already there, kept" in capsys.readouterr().out
+    assert (there.parent / weights).read_bytes() == original and "0 files" in capsys.readouterr().out
+
+
+WEIGHTS = "shared/models/teacher/model.safetensors"
+
+
+@pytest.fixture
+def bundle(beside, tmp_path, monkeypatch):
+    """A bundle of `beside`'s inputs, and the files a complete unpack writes (relative path: bytes)."""
+    monkeypatch.chdir(beside)
+    manifest = gpu_bundle.pack("params.yaml", tmp_path / "bundle", wheels=False, root=beside)
+    (tmp_path / "clean" / "project").mkdir(parents=True)
+    gpu_bundle.unpack(tmp_path / "bundle", install=False, root=tmp_path / "clean" / "project")
+    return tmp_path / "bundle", {n: (tmp_path / "clean" / n).read_bytes() for n in manifest["files"]}
+
+
+def unpacked(there):
+    """The files under `there`'s parent but a killed unpack's temporary directory."""
+    return {n: q.read_bytes() for q in there.parent.rglob("*")
+            if q.is_file() and not (n := str(q.relative_to(there.parent))).startswith(".gpu_bundle.")}
+
+
+#: `unpack` in a child process killed (SIGKILL: nothing cleans up) as it extracts the weights, as it restores them to
+#: float32, or once it has renamed one file into place.
+KILLED_UNPACK = """
+import os, shutil, sys, tarfile
+from pathlib import Path
+from benchmarks import gpu_bundle
+def die(): os.kill(os.getpid(), 9)
+at, bundle, root = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+if at == "extraction":
+    makefile = tarfile.TarFile.makefile
+    def partly(self, member, target):
+        if target.endswith(".safetensors"):
+            Path(target).write_bytes(b"half"); die()
+        makefile(self, member, target)
+    tarfile.TarFile.makefile = partly
+elif at == "restore":
+    def partly(path, *args):
+        path.write_bytes(path.read_bytes()[:1000]); die()
+    gpu_bundle.restore = partly
+else:
+    replace, renamed = os.replace, []
+    def once(src, dst):
+        if ".gpu_bundle." not in str(dst):  # not the restore's rename in the temporary directory
+            die() if renamed else renamed.append(dst)
+        replace(src, dst)
+    os.replace = once
+gpu_bundle.unpack(bundle, install=False, root=root)
+"""
+
+
+@pytest.mark.parametrize("at", ["extraction", "restore", "rename"])
+def test_a_killed_unpack_run_again_writes_the_float32_weights_bit_for_bit(bundle, tmp_path, at):
+    out, clean = bundle
+    there = tmp_path / "there" / "project"
+    there.mkdir(parents=True)
+    killed = subprocess.run([sys.executable, "-c", KILLED_UNPACK, at, str(out), str(there)], cwd=gpu_bundle.ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert [n for n, b in unpacked(there).items() if b != clean.get(n)] == []  # never a half-written or float16 file
+    gpu_bundle.unpack(out, install=False, root=there)
+    assert unpacked(there) == clean
+
+
+def test_unpack_replaces_a_file_whose_sha256_is_not_the_manifests(bundle, tmp_path, capsys):
+    out, clean = bundle
+    there = tmp_path / "there" / "project"
+    (there.parent / WEIGHTS).parent.mkdir(parents=True)
+    there.mkdir()
+    with tarfile.open(out / gpu_bundle.INPUTS) as tar:  # the float16 file an earlier unpack left (issue 38)
+        (there.parent / WEIGHTS).write_bytes(tar.extractfile(WEIGHTS).read())
+    gpu_bundle.unpack(out, install=False, root=there)
+    assert unpacked(there) == clean
+
+    (there.parent / WEIGHTS).unlink()
+    (there.parent / WEIGHTS).mkdir()  # not a file: refused, nothing written
+    with pytest.raises(UserError, match="model.safetensors: not a file, where the bundle has one; nothing was written"):
+        gpu_bundle.unpack(out, install=False, root=there)
+
+
+def rewrite_inputs(out, *extra: tarfile.TarInfo):
+    """The bundle's inputs.tar.xz with `extra` members added."""
+    path = out / gpu_bundle.INPUTS
+    with tarfile.open(path) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    with tarfile.open(path, "w:xz") as tar:
+        for m, data in members + [(m, b"x" * m.size) for m in extra]:
+            tar.addfile(m, io.BytesIO(data))
+
+
+def member(name, *, link=None):
+    m = tarfile.TarInfo(name)
+    if link:
+        m.type, m.linkname = tarfile.SYMTYPE, link
+    else:
+        m.size = 1
+    return m
+
+
+BAD_BUNDLES = {  # what is done to the bundle: the error line's end
+    "truncated": (lambda out: (out / "inputs.tar.xz").write_bytes((out / "inputs.tar.xz").read_bytes()[:3000]),
+                  "inputs.tar.xz: not a complete .tar.xz"),
+    "missing": (lambda out: (out / "inputs.tar.xz").unlink(), "inputs.tar.xz: missing"),
+    "not xz": (lambda out: (out / "inputs.tar.xz").write_text("film 0.1\n"), "inputs.tar.xz: not a complete .tar.xz"),
+    "empty": (lambda out: (out / "inputs.tar.xz").write_bytes(b""), "inputs.tar.xz: not a complete .tar.xz"),
+    "invalid json": (lambda out: (out / "manifest.json").write_text("{files"), "manifest.json: not valid JSON"),
+    "a list": (lambda out: (out / "manifest.json").write_text("[]"), "manifest.json: not a bundle's manifest"),
+    "dot-dot member": (lambda out: rewrite_inputs(out, member("../evil.txt")),
+                       "inputs.tar.xz: member '../evil.txt' is not in the manifest; nothing was written"),
+    "absolute symlink": (lambda out: rewrite_inputs(out, member("shared/link", link="/etc/passwd")),
+                         "inputs.tar.xz: member 'shared/link' is a link; nothing was written"),
+    "absolute member": (lambda out: rewrite_inputs(out, member("/tmp/evil.txt")),
+                        "inputs.tar.xz: member '/tmp/evil.txt' is not in the manifest; nothing was written"),
+}
+
+
+def test_a_bad_bundle_is_one_error_line_and_nothing_written(bundle, tmp_path, monkeypatch, capsys):
+    out, _ = bundle
+    there = tmp_path / "there" / "project"
+    there.mkdir(parents=True)
+    monkeypatch.setattr(gpu_bundle, "ROOT", there)
+    for case, (damage, message) in BAD_BUNDLES.items():
+        bad = tmp_path / case.replace(" ", "-")
+        shutil.copytree(out, bad)
+        damage(bad)
+        capsys.readouterr()
+        assert gpu_bundle.main(["unpack", "--bundle", str(bad), "--no-install"]) == 2, case
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: {bad}/") and message in err[0], (case, err)
+        assert os.listdir(there.parent) == ["project"] and not os.listdir(there), case
+
+
+def test_a_failed_pack_leaves_the_previous_bundle(bundle, beside, tmp_path, monkeypatch):
+    out, _ = bundle
+    before = {q.name: q.read_bytes() for q in out.iterdir() if q.is_file()}
+
+    def offline(dest, python_version):
+        raise UserError("pip download of datasets==4.0.0 for Python 3.12 failed: ERROR: No matching distribution")
+
+    monkeypatch.setattr(gpu_bundle, "download_wheels", offline)
+    with pytest.raises(UserError, match="pip download"):
+        gpu_bundle.pack("params.yaml", out, root=beside)
+    with pytest.raises(UserError, match="is over the 0.01 MiB one call carries"):
+        gpu_bundle.pack("params.yaml", out, limit_mib=0.01, wheels=False, root=beside)
+    assert {q.name: q.read_bytes() for q in out.iterdir() if q.is_file()} == before
+    assert sorted(q.name for q in out.parent.iterdir()) == ["bundle", "clean", "here"]  # no temporary left beside it
+    with pytest.raises(UserError, match="over the"):  # a refused first pack writes no --out
+        gpu_bundle.pack("params.yaml", tmp_path / "new", limit_mib=0.01, wheels=False, root=beside)
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(UserError, match="holds params.yaml, not a bundle; it is left as it is"):
+        gpu_bundle.pack("params.yaml", beside, wheels=False, root=beside)
 
 
 def test_bundle_refuses_what_does_not_fit_or_lies_elsewhere(beside, tmp_path, monkeypatch):
