@@ -430,7 +430,29 @@ def load_teacher(
         model = cls.from_pretrained(name, trust_remote_code=False, **kwargs)
     except OSError as exc:
         raise FileNotFoundError(f"cannot load teacher {name!r}: {exc}") from exc
+    if path.exists():
+        _warn_half_weights(path)
     return model.eval()
+
+
+def _warn_half_weights(path: Path) -> None:
+    """Warn when a model directory's safetensors hold float16/bfloat16 tensors while its config.json says float32 (or
+    no dtype): weights halved on the way (e.g. a bundle's, never made float32 again) load as half precision."""
+    import json
+    import warnings
+
+    from safetensors import safe_open
+
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    if (config.get("dtype") or config.get("torch_dtype") or "float32") != "float32":
+        return
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            half = sum(st.get_slice(k).get_dtype() in ("F16", "BF16") for k in st.keys())
+        if half:
+            warnings.warn(f"{f}: {half} tensors are half precision on disk while {path / 'config.json'} expects "
+                          "float32: the teacher loads as half precision (copy its float32 weights again; from a "
+                          "bundle: `python -m benchmarks.gpu_bundle unpack`)", stacklevel=2)
 
 
 def num_layers(model_or_config: nn.Module | PretrainedConfig) -> int:

@@ -279,3 +279,19 @@ def test_the_flow_refuses_to_run_untracked_and_names_what_runs(monkeypatch, caps
     assert result["stopped"] == ["the pipeline needs MLflow, and tracking is off (DISTILLERY_TRACKING=off): unset it, "
                                  "or run its stages untracked with `python -m flows.stage all`"]
     assert "error: the pipeline needs MLflow" in capsys.readouterr().err
+
+
+def test_a_teacher_float16_on_disk_while_its_config_says_float32_warns(beside, tmp_path):
+    import warnings
+
+    from distillery.models import load_teacher
+
+    teacher = beside.parent / "shared" / "models" / "teacher"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # float32 on disk: not a word
+        load_teacher(teacher, num_labels=2)
+    gpu_bundle.halve(teacher / "model.safetensors", tmp_path / "half.safetensors")  # left halved, as by issue 38's unpack
+    shutil.move(tmp_path / "half.safetensors", teacher / "model.safetensors")
+    with pytest.warns(UserWarning, match=r"model.safetensors: \d+ tensors are half precision on disk while .*config.json "
+                                         "expects float32: the teacher loads as half precision"):
+        load_teacher(teacher, num_labels=2)
