@@ -230,6 +230,10 @@ def test_missing_or_truncated_weights_are_one_line(models, tmp_path, capsys, com
     (["speed", "m", "--reps", "x"], "argument --reps: 'x' is not an integer"),
     (["augment", "--task", "sst2", "--input", "a", "--mlm", "m", "--glove", "g", "--output", "o", "--k", "0"],
      "argument --k: must be >= 1, got 0"),
+    *[(["augment", "--task", "sst2", "--input", "a", "--mlm", "m", "--glove", "g", "--output", "o", "--p-t", p_t],
+       f"argument --p-t: must be a probability from 0 to 1, got {p_t}") for p_t in ("2", "-0.5", "nan", "inf")],
+    (["augment", "--task", "sst2", "--input", "a", "--mlm", "m", "--glove", "g", "--output", "o", "--p-t", "x"],
+     "argument --p-t: 'x' is not a number"),
 ])
 def test_impossible_numbers_are_refused_at_argument_parsing(argv, needle, capsys):
     with pytest.raises(SystemExit) as exit_:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from distillery.errors import (InputNotFoundError, OutputExistsError, UserError, int_at_least, non_negative_int,
-                               positive_int)
+                               positive_int, probability)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -69,7 +69,7 @@ def register(subparsers) -> None:
     p.add_argument("--output", required=True, help="augmented TSV to write")
     p.add_argument("--n-aug", type=non_negative_int, default=None, help="tries per sentence N_a (default: the task's official value)")
     p.add_argument("--k", type=positive_int, default=15, help="candidates per word K")
-    p.add_argument("--p-t", type=float, default=0.4, help="replacement probability p_t")
+    p.add_argument("--p-t", type=probability, default=0.4, help="replacement probability p_t")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--fast", action="store_true", help="approximate fast mode: one MLM forward per sentence")
     p.add_argument("--max-words", type=positive_int, default=100_000, help="GloVe words kept (first N of the file)")
