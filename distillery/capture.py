@@ -67,6 +67,12 @@ class Captured:
             raise CaptureError(f"capture: {kind} not captured for index(es) {missing}; captured: {sorted(table)}")
         return [table[i] for i in indices]
 
+    def float(self) -> "Captured":
+        """The same tensors in float32 (the objectives' inputs under bf16 autocast; no copy of fp32 tensors)."""
+        from distillery.precision import fp32
+
+        return Captured(**{kind: fp32(getattr(self, kind)) for kind in _KINDS})
+
     def clear(self) -> None:
         for d in (self.hidden, self.scores, self.probs, self.values, self.queries, self.keys):
             d.clear()
@@ -228,13 +234,16 @@ def capture(
                 if i in value_idx:
                     out.values[i] = v
                 if i in score_idx or i in prob_idx:
-                    s = torch.matmul(q, k.transpose(-1, -2)) * scale
-                    if i in score_idx:
-                        out.scores[i] = s
-                    if i in prob_idx:
-                        bound = signature.bind_partial(*args, **kwargs).arguments
-                        mask = bound.get("attention_mask")
-                        out.probs[i] = torch.softmax(_apply_mask(s, mask), dim=-1)
+                    # in fp32 whatever the forward's precision: under bf16 autocast q and k are bf16, and the
+                    # objectives fit these scores and their softmax (distillery.precision)
+                    with torch.autocast(q.device.type, enabled=False):
+                        s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+                        if i in score_idx:
+                            out.scores[i] = s
+                        if i in prob_idx:
+                            bound = signature.bind_partial(*args, **kwargs).arguments
+                            mask = bound.get("attention_mask")
+                            out.probs[i] = torch.softmax(_apply_mask(s, mask), dim=-1)
 
             handles.append(attn.register_forward_hook(on_attention, with_kwargs=True))
         yield out

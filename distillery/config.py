@@ -325,6 +325,9 @@ def _merged(section: Section, part: dict[str, Any]) -> Section:
 
 class Params(Section):
     seed: int = 42
+    # every training loop and inference path (distillery.precision): auto = bf16 autocast where the device is fast at
+    # it (a bf16 GPU; a CPU with AMX or AVX512-BF16), fp32 elsewhere; weights and checkpoints stay fp32
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     data: DataSection = DataSection()
     corpus: CorpusSection = CorpusSection()
     teacher: TeacherSection
@@ -485,6 +488,12 @@ def check_params(p: Params, path: str = "params.yaml", root: Path | None = None)
     """What params alone can tell beyond the schema: every student recipe against its teacher (layer maps,
     heads, widths, relation heads, teacher layers, MLM head for pre-training distillation), local checkpoints."""
     root = _root(path, root)
+    from distillery.precision import PrecisionError, resolve
+
+    try:
+        resolve(p.precision)
+    except PrecisionError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     if any(a.enabled and a.mlm == "teacher" for a in augment_sections(p)) and not p.pretrain.enabled:
         raise ConfigError(f"{path}: augment.mlm: 'teacher' is the pre-training stage's MLM and needs pretrain.enabled; "
                           "give a masked-LM checkpoint (directory or Hub name) instead, or set augment.enabled: false")

@@ -1,7 +1,7 @@
 """Evaluate a saved model on a GLUE-style task: dev metrics and test-set predictions.
 
 Models are loaded from a `save_pretrained` directory with `AutoModelForSequenceClassification` (no project
-code), exactly as a user would deploy them.
+code), exactly as a user would deploy them. Forwards run at the precision in force (`distillery.precision`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
 
-from distillery import glue
+from distillery import glue, precision
 
 
 def batches(model, tokenizer, encoded: datasets.Dataset, *, batch_size: int = 64):
@@ -34,8 +34,9 @@ def batches(model, tokenizer, encoded: datasets.Dataset, *, batch_size: int = 64
 def predict_logits(model, tokenizer, encoded: datasets.Dataset, *, batch_size: int = 64) -> np.ndarray:
     """Logits (N, num_labels) of `model` on an encoded dataset, in dataset order."""
     model.eval()
-    out = [model(**batch).logits.float().cpu().numpy() for batch in batches(model, tokenizer, encoded,
-                                                                              batch_size=batch_size)]
+    with precision.autocast(next(model.parameters()).device):
+        out = [model(**batch).logits.float().cpu().numpy() for batch in batches(model, tokenizer, encoded,
+                                                                                  batch_size=batch_size)]
     return np.concatenate(out) if out else np.zeros((0, model.config.num_labels), dtype=np.float32)
 
 

@@ -173,6 +173,9 @@ def _intro(rows: list[dict[str, Any]]) -> str:
                  " labels alone (no teacher), what the student would be without distillation.")
     if any(r["model"].endswith("-int8") for r in rows):
         text += " Rows ending in -int8: the student above, exported to ONNX with int8 dynamic quantisation."
+    if any(r["model"].endswith("-bf16") for r in rows):
+        text += (" Rows ending in -bf16: the student above served by PyTorch under bf16 autocast (its weights"
+                 " unchanged).")
     return text
 
 

@@ -36,6 +36,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from distillery.config import ConfigError, Params, load_params
 from distillery.errors import EXIT_USER_ERROR, UserError, debug_requested, report
+from distillery.precision import describe
 from flows import api_server
 from flows import dvc as dvc_lock
 from flows.stages import STAGES, Node, upstream
@@ -183,6 +184,7 @@ def _pipeline(params_file: str) -> dict[str, Any]:
         if debug_requested([]):
             raise
         return _stopped([str(exc)], {})
+    say(describe(p.precision))
     started = time.perf_counter()
     with tracking.run("pipeline", params={"params_file": params_file}) as parent:
         import mlflow

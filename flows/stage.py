@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.stage == "all":
             if args.item is not None:
                 raise UserError("all: --item names one stage's item; `all` runs every item")
+            from distillery.precision import describe
+
+            say(describe(p.precision))
             for name, item in nodes(p):
                 if name == "register" and not tracking.enabled():
                     say(f"register[{item}]: left out ({tracking.SWITCH}=off)")

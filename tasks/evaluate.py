@@ -42,7 +42,7 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
     from datasets import DatasetDict
     from transformers import AutoConfig
 
-    from distillery import glue
+    from distillery import glue, precision
     from distillery.efficiency import flops_per_example, parameter_counts
     from distillery.evaluation import evaluate_model
     from distillery.models import load_model
@@ -51,10 +51,13 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
     kind, span = task_kind(task, p.data), is_span(task)
     failure = gate_failure(p, task)  # not distilled: every model's submission files get the trivial predictions
 
-    def evaluate(name: str, model_dir: Path):
-        if span:  # dev answers in the official format: metrics/answers/<task>/<model>/predictions.json
-            return kind.evaluate(model_dir, data, p.data.max_length, paths.answers(task, name))
-        return evaluate_model(model_dir, task, data, max_length=p.data.max_length)
+    def evaluate(name: str, model_dir: Path, form: str = "fp32"):
+        """Dev metrics (and test logits) of the model's fp32 forward, or of its bf16 autocast forward (`form`)."""
+        with precision.use(form):
+            if span:  # dev answers in the official format: metrics/answers/<task>/<model>/predictions.json
+                return kind.evaluate(model_dir, data, p.data.max_length,
+                                     paths.answers(task, name) if form == "fp32" else None)
+            return evaluate_model(model_dir, task, data, max_length=p.data.max_length)
 
     results: dict[str, dict[str, Any]] = {}
     for name, model_dir in present(evaluated_models(p, task)).items():
@@ -90,6 +93,11 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
         results["teacher"]["gate"] = str(failure)
         if not span:
             _trivial_submission(p, task, data)
+    if bf16_served():  # each student served in bf16 (PyTorch autocast): its dev score beside the fp32 one
+        for name in [s for s in p.students if s in results]:
+            metrics, _ = evaluate(name, paths.student(name, task) / "model", "bf16")
+            results[name].update({**{f"bf16_{k}": v for k, v in metrics.items()},
+                                  "bf16_main_change": kind.main_score(metrics) - results[name]["main"]})
     sessions = {}
     if p.evaluation.export_onnx:
         for name in p.students:
@@ -101,6 +109,13 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
         results = _add_latency(p, task, results, sessions)
     write_json(paths.evaluation(task), results)
     return {"metrics": {f"{m}.{k}": v for m, r in results.items() for k, v in r.items() if isinstance(v, (int, float))}}
+
+
+def bf16_served() -> bool:
+    """Whether the evaluate stage measures a bf16 form of each student: where this machine is fast at bf16."""
+    from distillery.precision import resolve
+
+    return resolve("auto") == "bf16"
 
 
 def _trivial_submission(p: Params, task: str, data) -> None:
@@ -151,8 +166,9 @@ def _export(p: Params, task: str, student: str, data, result: dict[str, Any]):
 
 
 def _add_latency(p: Params, task: str, results: dict[str, dict[str, Any]], sessions: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Latency, throughput and speedup over the teacher on CPU (with the int8 ONNX sessions) and, when
-    a GPU is present, again on it: keys latency_ms_b<batch>[_int8|_cuda], throughput_b..., speedup_b..."""
+    """Latency, throughput and speedup over the fp32 teacher on CPU (with the int8 ONNX sessions and each student's bf16
+    form, where `bf16_served`) and, when a GPU is present, again on it: keys latency_ms_b<batch>[_int8|_bf16][_cuda],
+    throughput_b..., speedup_b..."""
     import torch
 
     from distillery.efficiency import measure_latency
@@ -160,13 +176,17 @@ def _add_latency(p: Params, task: str, results: dict[str, dict[str, Any]], sessi
 
     head = task_kind(task).head
     models = {name: load_model(d, head=head).eval() for name, d in present(evaluated_models(p, task)).items()}
+    bf16 = {f"{name}-bf16": models[name] for name in p.students if name in models} if bf16_served() else {}
     for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
-        timed = {**models, **sessions} if device == "cpu" else models
+        timed = {**models, **bf16, **sessions} if device == "cpu" else models
         for batch in p.evaluation.latency_batch_sizes:
             table = measure_latency(timed, batch=batch, seq_len=p.evaluation.latency_seq_len, reps=10,
-                                    reference="teacher", device=device)
+                                    reference="teacher", device=device, precisions=dict.fromkeys(bf16, "bf16"))
             for name, row in table.items():
-                target, suffix = (name[: -len("-int8")], "_int8") if name in sessions else (name, "")
+                target, suffix = name, ""
+                for form in FORMS:
+                    if name.endswith(f"-{form}") and (name in sessions or name in bf16):
+                        target, suffix = name[: -len(form) - 1], f"_{form}"
                 suffix += "" if device == "cpu" else f"_{device}"
                 results[target][f"latency_ms_b{batch}{suffix}"] = round(row.median_ms, 3)
                 results[target][f"throughput_b{batch}{suffix}"] = round(row.throughput, 1)
@@ -186,7 +206,12 @@ def run_report(p: Params, _: str | None) -> dict[str, Any]:
     batch = min(p.evaluation.latency_batch_sizes)
     latency = {m: r[f"latency_ms_b{batch}"] for task in summary.values() for m, r in task.items()
                if f"latency_ms_b{batch}" in r}
-    notes = []
+    from distillery.precision import resolve
+
+    used = resolve(p.precision)
+    notes = [f"Training, teacher logits and augmentation ran in {used}"
+             + (" (bf16 autocast, weights fp32)" if used == "bf16" else "") + f" (precision: {p.precision});"
+             " every row's dev score is its fp32 forward unless the row says otherwise."]
     if p.data.max_eval_examples:
         notes.append(f"Dev scores on a random subset of at most {p.data.max_eval_examples} examples per task "
                      "(data.max_eval_examples), not the full dev split.")
@@ -256,8 +281,9 @@ def _summary(p: Params) -> dict[str, Any]:
             if f"{name}-direct" in results:
                 entry["gain_over_direct"] = r["main"] - results[f"{name}-direct"]["main"]
             summary[task][name] = entry
-            if "int8_main_change" in r:  # the student's int8 ONNX export, as a row of its own
-                summary[task][f"{name}-int8"] = _int8_entry(r, teacher_main if passed else None)
+            for form in FORMS:  # the student's int8 ONNX export and its bf16 form, each a row of its own
+                if f"{form}_main_change" in r:
+                    summary[task][f"{name}-{form}"] = _form_entry(r, form, teacher_main if passed else None)
     average = averages(main, "teacher")
     # no retention for a teacher that failed its gate, nor for the trivial baseline (as in the per-task rows)
     average = {m: {k: v for k, v in r.items() if "retention" not in k} if m == "trivial" or not all_passed else r
@@ -267,15 +293,20 @@ def _summary(p: Params) -> dict[str, Any]:
     return summary
 
 
-def _int8_entry(r: dict[str, Any], teacher_main: float | None) -> dict[str, Any]:
-    """The int8 export's metrics (int8_<metric>) and timings (<timing>_int8) under the plain names."""
+#: a student's served forms beside its fp32 row: the int8 ONNX export (ONNX Runtime) and bf16 autocast (PyTorch)
+FORMS = ("int8", "bf16")
+
+
+def _form_entry(r: dict[str, Any], form: str, teacher_main: float | None) -> dict[str, Any]:
+    """A served form's metrics (<form>_<metric>) and timings (<timing>_<form>) under the plain names."""
     entry = {k: r[k] for k in ("params", "flops") if k in r}
-    entry.update({k[len("int8_"):]: v for k, v in r.items() if k.startswith("int8_") and k != "int8_main_change"})
-    entry.update({k[: -len("_int8")]: v for k, v in r.items() if k.endswith("_int8")})
-    if "bytes_int8_onnx" in r:
-        entry["bytes_onnx"] = r["bytes_int8_onnx"]
-    main = r["main"] + r["int8_main_change"]
-    entry["main_change_vs_fp32"] = r["int8_main_change"]
+    entry.update({k[len(form) + 1:]: v for k, v in r.items()
+                  if k.startswith(f"{form}_") and k != f"{form}_main_change"})
+    entry.update({k[: -len(form) - 1]: v for k, v in r.items() if k.endswith(f"_{form}")})
+    if f"bytes_{form}_onnx" in r:
+        entry["bytes_onnx"] = r[f"bytes_{form}_onnx"]
+    main = r["main"] + r[f"{form}_main_change"]
+    entry["main_change_vs_fp32"] = r[f"{form}_main_change"]
     if teacher_main is not None and (kept := retention(main, teacher_main)) is not None:
         entry["retention"] = kept
     return entry
@@ -296,6 +327,7 @@ REPORT = Stage(
     deps=lambda p, _: [paths.evaluation(t) for t in p.data.tasks] + [predictions_dir(t) for t in p.data.tasks],
     outs=lambda p, _: [paths.summary(), paths.REPORTS / "table.md"],
     params=lambda p, _: {"tasks": p.data.tasks, "students": sorted(p.students), "baselines": p.evaluation.baselines,
+                         "precision": p.precision,
                          "max_eval_examples": p.data.max_eval_examples,
                          "min_gain_over_trivial": {t: p.for_task(t).finetune.min_gain_over_trivial for t in p.data.tasks}},
     code=("distillery/report.py", "tasks/evaluate.py"),

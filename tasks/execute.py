@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks import paths, tracking
-from tasks.stage import SKIPPED, STAMPS, Stage, is_fresh, run_stage, stage_key
+from tasks.stage import SKIPPED, STAMPS, Stage, is_fresh, precision_used, run_stage, stage_key
 
 from distillery.config import Params
 from distillery.io import atomic_path, write_text
@@ -56,7 +56,10 @@ def execute(stage: Stage, params: Params, item: str | None = None, parent_run_id
     resumed = prepare(stage, params, item, key)
     say(f"{label(stage, item)}: started" + (f" (resuming: {', '.join(_rel(p) for p in resumed)})" if resumed else ""))
     started = time.perf_counter()
-    with tracking.run(name, params=stage.params(params, item), parent_run_id=parent_run_id,
+    logged = stage.params(params, item)
+    if stage.device:
+        logged["precision_used"] = precision_used(stage, params)
+    with tracking.run(name, params=logged, parent_run_id=parent_run_id,
                       tags={"stage": stage.name, "item": item or ""}):
         result = run_stage(stage, params, item, key)
         if result.get("skipped"):

@@ -94,8 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     run = getattr(importlib.import_module(module), name)
     start(None if p.distributed.backend == "auto" else p.distributed.backend)
     set_seed(p.seed)
+    from distillery import precision
+
     try:
-        result = run(p, args.item)
+        with precision.use(p.precision):  # as in tasks.stage.run_stage
+            result = run(p, args.item)
     except SkipStage as exc:
         if is_main():
             write_json(args.result, {"skipped": exc.reason, "message": str(exc)})

@@ -82,9 +82,27 @@ class Stage:
         # every stage reads its params through distillery/config.py, where their defaults live: editing a default
         # reruns the stage in the flow (its key) and in `dvc repro` (a dep of every stage in dvc.yaml)
         object.__setattr__(self, "code", tuple(dict.fromkeys((*self.code, "distillery/config.py"))))
+        if self.device:  # what computes on the device runs at the params' precision: a param of the stage (dvc.yaml)
+            object.__setattr__(self, "params", _with_precision(self.params))
         # a task's stages (item "<task>" or "<student>:<task>") see its `per_task` settings, in every use of the stage
         for name in ("run", "deps", "outs", "params"):
             object.__setattr__(self, name, _for_item(getattr(self, name)))
+
+
+def _with_precision(fn: Callable[[Params, str | None], dict[str, Any]]) -> Callable[[Params, str | None], dict[str, Any]]:
+    @functools.wraps(fn)
+    def params(p: Params, item: str | None) -> dict[str, Any]:
+        return {**fn(p, item), "precision": p.precision}
+
+    return params
+
+
+def precision_used(stage: Stage, params: Params) -> str | None:
+    """What a device stage computes in on this machine (`distillery.precision`: `auto` resolved); None for a file
+    stage. Part of the stage's key: an `auto` run on another machine may compute in another precision."""
+    from distillery.precision import resolve
+
+    return resolve(params.precision) if stage.device else None
 
 
 def _for_item(fn: Callable[[Params, str | None], Any]) -> Callable[[Params, str | None], Any]:
@@ -167,6 +185,8 @@ def stage_key(stage: Stage, params: Params, item: str | None) -> str:
         "params": stage.params(params, item),
         "deps": {str(p): fingerprint(p) for p in stage.deps(params, item)},
     }
+    if stage.device:
+        payload["precision_used"] = precision_used(stage, params)
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -206,8 +226,11 @@ def run_stage(stage: Stage, params: Params, item: str | None, key: str | None = 
         # it in this process: the flow runs many stages in one process, `dvc repro` one per process; both must agree.
         # (File stages use their own seeded generators: they may run beside a training stage and must not reseed it.)
         set_seed(params.seed)
+    from distillery import precision
+
     try:
-        result = stage.run(params, item)
+        with precision.use(params.precision):
+            result = stage.run(params, item)
     except SkipStage as exc:
         write_skipped(stage.outs(params, item), exc.reason)
         result = {"skipped": exc.reason}

@@ -10,7 +10,6 @@ import torch
 from benchmarks import gpu
 from benchmarks.distill import batch, student_model, teacher_model
 from distillery.layer_map import build_layer_map
-from distillery.training import args as targs_mod
 from distillery.training.distill import Distiller, make_projection
 from distillery.training.spec import DistillSpec
 
@@ -75,13 +74,18 @@ def test_bf16_autocast_step_matches_fp32(one_thread):
     assert torch.nn.functional.cosine_similarity(grad16, grad32, dim=0) > 0.99
 
 
-def test_gpu_defaults_only_on_cuda(monkeypatch):
+def test_trainer_precision_options_follow_the_device(monkeypatch):
+    """Outside the pipeline's switch: bf16 + TF32 on an Ampere+ bf16 GPU, neither on a V100, fp32 on a CPU."""
+    from distillery import precision
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert targs_mod.gpu_defaults() == {}
+    assert precision.trainer_options() == {"bf16": False}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))  # H100
-    assert targs_mod.gpu_defaults() == {"bf16": True, "tf32": True}
+    assert precision.trainer_options() == {"bf16": True, "tf32": True}
+    with precision.use("fp32"):
+        assert precision.trainer_options() == {"bf16": False, "tf32": True}
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (7, 0))  # V100: neither
-    assert targs_mod.gpu_defaults() == {"bf16": False}
+    assert precision.trainer_options() == {"bf16": False}

@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from distillery import precision
 from distillery.errors import InputNotFoundError, UserError
 
 __all__ = ["MaskedCopy", "MaskedLM", "MissingMLMHeadError", "build_masked_input", "load_masked_lm", "load_mlm_checked"]
@@ -226,7 +227,7 @@ class MaskedLM:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), precision.autocast(self.device):
                 for start in range(0, len(order), batch_size):
                     batch_idx = [i for i in order[start:start + batch_size] if copies[i].positions]
                     if not batch_idx:
@@ -255,7 +256,7 @@ class MaskedLM:
         top-K ids), with no candidate post-processing. Returns the number of masked positions."""
         order = sorted(range(len(copies)), key=lambda i: len(copies[i].input_ids))
         n = 0
-        with torch.inference_mode():
+        with torch.inference_mode(), precision.autocast(self.device):
             for start in range(0, len(order), batch_size):
                 batch = [copies[i] for i in order[start:start + batch_size] if copies[i].positions]
                 if not batch:

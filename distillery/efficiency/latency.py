@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from distillery.precision import autocast
+
 
 @dataclass(frozen=True)
 class LatencyResult:
@@ -66,8 +68,9 @@ def make_inputs(batch: int, seq_len: int, vocab_size: int, *, seed: int = 0,
     return out
 
 
-def _runner(obj: Any, batch: int, seq_len: int, device: torch.device) -> Callable[[], Any]:
-    """Turn a model, an onnxruntime session or a zero-argument callable into a zero-argument callable."""
+def _runner(obj: Any, batch: int, seq_len: int, device: torch.device, precision: str = "fp32") -> Callable[[], Any]:
+    """Turn a model (run at `precision`: fp32, or bf16 autocast), an onnxruntime session or a zero-argument callable
+    into a zero-argument callable."""
     if isinstance(obj, nn.Module):
         model = obj.to(device).eval()
         inputs = make_inputs(batch, seq_len, _vocab_size(model),
@@ -75,7 +78,7 @@ def _runner(obj: Any, batch: int, seq_len: int, device: torch.device) -> Callabl
         inputs = {k: v.to(device) for k, v in inputs.items() if _accepts(model, k) or k == "input_ids"}
 
         def run_module() -> Any:
-            with torch.inference_mode():
+            with torch.inference_mode(), autocast(device, precision):
                 return model(**inputs)
 
         return run_module
@@ -96,7 +99,8 @@ def _runner(obj: Any, batch: int, seq_len: int, device: torch.device) -> Callabl
 
 def measure_latency(models: Mapping[str, Any], *, batch: int = 1, seq_len: int = 128, reps: int = 20,
                     warmup: int = 3, reference: str | None = None,
-                    device: str | torch.device | None = None, calls: int = 1) -> dict[str, LatencyResult]:
+                    device: str | torch.device | None = None, calls: int = 1,
+                    precisions: Mapping[str, str] | None = None) -> dict[str, LatencyResult]:
     """Time every model interleaved in one process and return {name: LatencyResult}.
 
     `models` values: an nn.Module (fed random (batch, seq_len) inputs drawn from its vocabulary), an
@@ -105,7 +109,9 @@ def measure_latency(models: Mapping[str, Any], *, batch: int = 1, seq_len: int =
     speedups are relative to (default: the first). `device` "cpu"/"cuda" (default: cuda if present,
     only applied to nn.Modules). `calls`: consecutive calls per timed sample (their mean is the sample),
     so each model is timed with its weights in cache, as when it serves requests back to back; the
-    models still alternate between samples.
+    models still alternate between samples. `precisions`: name -> "bf16" for the nn.Modules timed under bf16
+    autocast (`distillery.precision`; the same module may appear twice, once in each precision); the others are
+    timed in fp32 whatever precision is in force.
     """
     if not models:
         raise ValueError("measure_latency needs at least one model")
@@ -115,7 +121,8 @@ def measure_latency(models: Mapping[str, Any], *, batch: int = 1, seq_len: int =
         raise KeyError(f"reference model {reference!r} is not among {sorted(models)}")
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cuda = dev.type == "cuda"
-    runners = {name: _runner(obj, batch, seq_len, dev) for name, obj in models.items()}
+    precisions = precisions or {}
+    runners = {name: _runner(obj, batch, seq_len, dev, precisions.get(name, "fp32")) for name, obj in models.items()}
 
     def timed(fn: Callable[[], Any]) -> float:
         if cuda:

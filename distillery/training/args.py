@@ -1,7 +1,9 @@
 """Training arguments: one place that turns a plain dict of options into `transformers.TrainingArguments`.
 
 Every loop in `distillery.training` builds on the Hugging Face `Trainer`, so mixed precision, gradient
-accumulation, distributed training and checkpoint resume come from there, not from this project.
+accumulation, distributed training and checkpoint resume come from there, not from this project. The precision is
+`distillery.precision`'s (bf16 autocast where the device is fast at it, when the pipeline says so; TF32 on Ampere
+GPUs); a caller's own ``bf16`` option wins.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any, Mapping
 import torch
 from transformers import DataCollatorWithPadding, TrainingArguments, default_data_collator
 
+from distillery import precision
 from distillery.training.distributed import cpu_only, launched
 
 #: Defaults that differ from `TrainingArguments`' own: no experiment trackers (the pipeline logs to MLflow
@@ -28,17 +31,6 @@ DEFAULTS: dict[str, Any] = {
     "disable_tqdm": False,
     "dataloader_pin_memory": torch.cuda.is_available(),
 }
-
-
-def gpu_defaults() -> dict[str, Any]:
-    """On a CUDA device: bf16 mixed precision (autocast; the weights and the optimiser stay fp32) where the device
-    supports it, and TF32 matmuls on Ampere or newer (the Trainer refuses `tf32` before). The optimiser is already
-    the Trainer's default fused AdamW. Empty on a CPU, so the CPU path stays fp32; a library caller's `bf16: false`
-    in a loop's options turns it off."""
-    if not torch.cuda.is_available():
-        return {}
-    ampere = torch.cuda.get_device_capability()[0] >= 8
-    return {"bf16": torch.cuda.is_bf16_supported(), **({"tf32": True} if ampere else {})}
 
 
 _FIELDS = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
@@ -58,7 +50,7 @@ def training_arguments(
     `options` may already be a `TrainingArguments` (its values are kept, `output_dir` is replaced).
     An unknown key raises `TrainArgsError` naming the key, before any training starts.
     """
-    values: dict[str, Any] = {**DEFAULTS, **gpu_defaults()}
+    values: dict[str, Any] = {**DEFAULTS, **precision.trainer_options()}
     if isinstance(options, TrainingArguments):
         values.update({k: v for k, v in options.to_dict().items() if k in _FIELDS})
         # to_dict() turns enums into strings and drops tokens; both are fine for rebuilding.

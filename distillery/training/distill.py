@@ -38,6 +38,7 @@ from transformers import PreTrainedModel, Trainer
 from transformers.utils import ModelOutput
 
 from distillery.capture import capture
+from distillery.precision import fp32, fp32_region
 from distillery.layer_map import LayerMap, validate_layer_map
 from distillery.models import hidden_size, num_heads, num_layers
 from distillery.objectives import HiddenProjection
@@ -159,14 +160,18 @@ class Distiller(nn.Module):
             teacher_out, teacher_cap = self.teacher_forward(inputs)
         with capture(self.student, **self._student_cap) as student_cap:
             s_out = self.student(**s_in)
-        batch = Batch(
-            student=student_cap, teacher=teacher_cap, layer_map=self.spec.layer_map, options=self.spec.options,
-            attention_mask=attention_mask, labels=labels, student_logits=_logits(s_out),
-            teacher_logits=teacher_logits if teacher_logits is not None else _logits(teacher_out),
-            nsp_logits=getattr(s_out, "seq_relationship_logits", None), nsp_labels=next_sentence_label,
-            projection=self.projection,
-        )
-        terms = {name: TERMS[name].compute(batch) for name in self.active}
+        # the objectives in fp32 (softmax, KL, MSE, cosine, their reductions), on fp32 copies of what bf16 autocast
+        # captured; TinyBERT's projection too (distillery.precision)
+        with fp32_region(next(self.student.parameters()).device):
+            batch = Batch(
+                student=student_cap.float(), teacher=teacher_cap.float() if teacher_cap is not None else None,
+                layer_map=self.spec.layer_map, options=self.spec.options,
+                attention_mask=attention_mask, labels=labels, student_logits=fp32(_logits(s_out)),
+                teacher_logits=fp32(teacher_logits if teacher_logits is not None else _logits(teacher_out)),
+                nsp_logits=fp32(getattr(s_out, "seq_relationship_logits", None)), nsp_labels=next_sentence_label,
+                projection=self.projection,
+            )
+            terms = {name: TERMS[name].compute(batch) for name in self.active}
         return DistillerOutput(loss=self.spec.objectives.combine(terms), logits=batch.student_logits, terms=terms)
 
 

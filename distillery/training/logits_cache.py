@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import DataCollatorWithPadding, PreTrainedModel, default_data_collator
 
+from distillery import precision
 from distillery.io import atomic_path
 
 INPUT_COLUMNS = ("input_ids", "attention_mask", "token_type_ids")
@@ -75,7 +76,8 @@ def compute_teacher_logits(
     device: str | torch.device | None = None,
     progress: bool = True,
 ) -> torch.Tensor:
-    """Teacher logits (N, C) in dataset order: one eval-mode, no-grad forward per example."""
+    """Teacher logits (N, C) in dataset order: one eval-mode, no-grad forward per example, at the precision in force
+    (`distillery.precision`)."""
     was_training = teacher.training
     teacher.eval()
     device = torch.device(device) if device is not None else next(teacher.parameters()).device
@@ -90,7 +92,8 @@ def compute_teacher_logits(
     try:
         for batch in tqdm(loader, desc="teacher logits", disable=not progress):
             batch = {k: v.to(device) for k, v in batch.items() if k in accepted}
-            out.append(teacher(**batch).logits.float().cpu())
+            with precision.autocast(device):
+                out.append(teacher(**batch).logits.float().cpu())
     finally:
         teacher.train(was_training)
     return torch.cat(out) if out else torch.empty(0)
@@ -113,7 +116,8 @@ def cache_teacher_logits(
     raises ValueError naming the file.
     """
     tid = teacher_id if teacher_id is not None else teacher_fingerprint(teacher)
-    key = hashlib.sha256(f"{tid}:{dataset_fingerprint(dataset)}".encode()).hexdigest()[:24]
+    computed_in = precision.current(next(teacher.parameters()).device)  # bf16 logits are other logits
+    key = hashlib.sha256(f"{tid}:{dataset_fingerprint(dataset)}:{computed_in}".encode()).hexdigest()[:24]
     path = Path(cache_dir) / f"teacher_logits-{key}.safetensors"
     index = example_index(dataset)
     if path.is_file():

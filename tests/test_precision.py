@@ -1,0 +1,243 @@
+"""The precision switch (distillery.precision): what `auto` resolves to, the refusal of an explicit bf16 where the
+device has no fast bf16, every objective's bf16 value beside its fp32 value on the same inputs, and a tiny model
+trained in bf16 beside the same run in fp32."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+import yaml
+
+from distillery import precision
+from distillery.config import ConfigError, load_params
+from distillery.layer_map import build_layer_map
+from distillery.objectives import TERMS, LossOptions
+from distillery.training.distill import Distiller, distill, make_projection
+from distillery.training.finetune import finetune
+from distillery.training.metrics import accuracy
+from distillery.training.spec import DistillSpec, TrainRun
+
+from helpers import FAST, ROOT, classifier, encoded, tokenizer  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models on one intra-op thread (tests/conftest.py)
+
+needs_bf16 = pytest.mark.skipif(not precision.bf16_supported("cpu"), reason="this CPU has no fast bf16")
+
+
+@pytest.fixture
+def no_bf16(monkeypatch):
+    """A CPU without AMX or AVX512-BF16 (and no GPU)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: ())
+
+
+def test_auto_is_bf16_only_where_the_cpu_is_fast_at_it(monkeypatch, no_bf16):
+    assert precision.resolve("auto") == "fp32" and precision.resolve("fp32") == "fp32"
+    assert precision.describe("auto") == "precision: fp32 (auto: this CPU has none of amx_bf16, avx512_bf16)"
+    with pytest.raises(precision.PrecisionError, match="bf16 needs fast bf16 and this CPU has none of"):
+        precision.resolve("bf16")
+    monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: ("avx512_bf16",))
+    assert precision.resolve("auto") == precision.resolve("bf16") == "bf16"
+    assert precision.describe("auto") == "precision: bf16 on cpu (avx512_bf16) (autocast; weights stay fp32)"
+    with pytest.raises(precision.PrecisionError, match="'fp16' is not one of auto, fp32, bf16"):
+        precision.resolve("fp16")
+
+
+def test_the_flags_are_read_from_the_machine_not_a_cpu_name():
+    flags = precision.cpu_bf16_flags()
+    assert set(flags) <= set(precision.CPU_FLAGS)
+    text = open("/proc/cpuinfo", encoding="utf-8").read().split() if __import__("os").path.exists("/proc/cpuinfo") else []
+    assert {f for f in precision.CPU_FLAGS if f in text} <= set(flags)
+
+
+def test_the_library_default_is_fp32_on_a_cpu_and_use_scopes_the_setting(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: ("amx_bf16",))
+    assert precision.current() == "fp32" and precision.trainer_options() == {"bf16": False}
+    with precision.use("auto") as used:
+        assert used == "bf16" and precision.current() == "bf16"
+        assert precision.trainer_options() == {"bf16": True, "use_cpu": True}
+        with precision.use("fp32"):
+            assert precision.current() == "fp32" and not torch.is_autocast_enabled("cpu")
+            with precision.autocast("cpu"):
+                assert not torch.is_autocast_enabled("cpu")
+        with precision.autocast("cpu"):
+            assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    assert precision.current() == "fp32"
+
+
+def _params_file(tmp_path, value: str):
+    data = yaml.safe_load((ROOT / "params.yaml").read_text())
+    data["precision"] = value
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_an_explicit_bf16_without_fast_bf16_is_one_error_naming_the_key(tmp_path, no_bf16):
+    with pytest.raises(ConfigError) as exc:
+        load_params(_params_file(tmp_path, "bf16"), root=ROOT)
+    assert str(exc.value).splitlines() == [f"{tmp_path / 'params.yaml'}: precision: bf16 needs fast bf16 and this CPU "
+                                           "has none of amx_bf16, avx512_bf16; use auto or fp32"]
+    assert load_params(_params_file(tmp_path, "auto"), root=ROOT).precision == "auto"
+    with pytest.raises(ConfigError, match=r"params.yaml: precision: Input should be 'auto', 'fp32' or 'bf16'"):
+        load_params(_params_file(tmp_path, "fp16"), root=ROOT)
+
+
+def test_the_pipeline_refuses_bf16_before_any_work_with_one_line(tmp_path, no_bf16, capsys):
+    from flows import stage as stage_cli
+
+    code = stage_cli.main(["all", "--params", str(_params_file(tmp_path, "bf16"))])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and ": precision: bf16 needs" in err[0]
+
+
+def test_device_stages_key_on_the_precision_they_compute_in(monkeypatch):
+    """A device stage's key and dvc params hold the setting and what it resolves to here; a file stage's do not."""
+    from flows.stages import STAGES
+    from tasks.stage import stage_key
+
+    p = load_params(ROOT / "params.yaml", root=ROOT)
+    finetune_stage, prepare = STAGES["finetune_teacher"], STAGES["prepare_task"]
+    assert finetune_stage.params(p, "demo")["precision"] == "auto" and "precision" not in prepare.params(p, "demo")
+    monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: ("avx512_bf16",))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    bf16_key, prepare_key = stage_key(finetune_stage, p, "demo"), stage_key(prepare, p, "demo")
+    monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: ())
+    assert stage_key(finetune_stage, p, "demo") != bf16_key  # auto gave fp32 on this "CPU": other outputs
+    assert stage_key(prepare, p, "demo") == prepare_key
+
+
+# ------------------------------------------------------------------------------------------------ numerics
+
+VOCAB = 60
+#: the largest relative difference allowed between an objective's bf16-autocast value and its fp32 value on the same
+#: inputs (bf16 keeps 8 bits of mantissa, ~0.4% per rounding; measured on these models: at most 0.04%, soft targets)
+LOSS_RTOL = 0.01
+
+
+def _models(term: str):
+    """(teacher, student, extra batch keys) for a term: MLM-headed models for the pre-training terms, a regression
+    head for the regression term, classifiers otherwise; no dropout, so both passes see the same network."""
+    torch.manual_seed(0)
+    kw = dict(vocab_size=VOCAB, num_attention_heads=4, max_position_embeddings=32, hidden_dropout_prob=0.0,
+              attention_probs_dropout_prob=0.0)
+    t_cfg = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, intermediate_size=128, **kw)
+    s_cfg = transformers.BertConfig(hidden_size=64,  # equal widths: MobileBERT, PKD and DistilBERT compare states as they are
+                                    num_hidden_layers=1, intermediate_size=64, **kw)
+    if "pretraining" in TERMS[term].stages and TERMS[term].stages != ("intermediate", "pretraining"):
+        make = transformers.BertForPreTraining
+    else:
+        make = transformers.BertForSequenceClassification
+        t_cfg.num_labels = s_cfg.num_labels = 1 if term == "regression_prediction_loss" else 3
+    return make(t_cfg).eval(), make(s_cfg).train()
+
+
+def _batch(term: str) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, VOCAB, (6, 12), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = mask[4, 5:] = 0
+    out = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    if "pretraining" in TERMS[term].stages and TERMS[term].stages != ("intermediate", "pretraining"):
+        labels = torch.full_like(ids, -100)
+        labels[:, 2] = ids[:, 2]
+        labels[:, 6] = ids[:, 6]
+        out.update(labels=labels, next_sentence_label=torch.tensor([0, 1, 0, 1, 1, 0]))
+    elif TERMS[term].stages == ("prediction",):
+        out["labels"] = (torch.rand(6, generator=g) * 5 if term == "regression_prediction_loss"
+                         else torch.tensor([0, 1, 2, 0, 1, 2]))
+    return out
+
+
+@needs_bf16
+@pytest.mark.parametrize("term", sorted(TERMS))
+def test_every_objective_under_bf16_autocast_is_within_tolerance_of_fp32(term):
+    """The same student, teacher and batch: the term in bf16 autocast (features and logits from bf16 matmuls, the
+    objective itself in fp32) within LOSS_RTOL of the fp32 run, and the gradients point the same way."""
+    teacher, student = _models(term)
+    stage = TERMS[term].stages[0]
+    layer_map = build_layer_map("uniform", 1, 2)
+    spec = DistillSpec({term: 1.0}, stage, layer_map, options=LossOptions(n_relation_heads=4, temperature=2.0))
+    projection = make_projection(student, teacher, layer_map) if TERMS[term].projection else None
+    distiller = Distiller(student, teacher, spec, projection)
+    batch = _batch(term)
+
+    def run(bf16: bool):
+        distiller.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = distiller(**batch)
+        value = out.terms[term]
+        assert value.dtype == torch.float32  # the reduction ran in fp32
+        value.backward()
+        grad = torch.cat([p.grad.flatten() for p in distiller.parameters() if p.grad is not None])
+        return float(value.detach()), grad
+
+    v32, g32 = run(False)
+    v16, g16 = run(True)
+    assert v32 > 0
+    assert v16 == pytest.approx(v32, rel=LOSS_RTOL), (v16, v32)
+    assert torch.nn.functional.cosine_similarity(g16, g32, dim=0) > 0.98
+
+
+@needs_bf16
+def test_attention_scores_and_probs_are_captured_in_fp32_under_autocast():
+    from distillery.capture import capture
+
+    teacher, _ = _models("attention_loss")
+    batch = _batch("attention_loss")
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), capture(teacher, scores=(0,), probs=(0,),
+                                                                                  hidden=(1,)) as cap:
+        teacher(**batch)
+    assert cap.scores[0].dtype == cap.probs[0].dtype == torch.float32
+    assert cap.float().hidden[1].dtype == torch.float32
+    torch.testing.assert_close(cap.probs[0].sum(-1), torch.ones_like(cap.probs[0][..., 0]))
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    d = tmp_path_factory.mktemp("precision-task")
+    tok = tokenizer(d)
+    return {"tok": tok, "train": encoded(tok, 640, seed=20), "dev": encoded(tok, 200, seed=21), "dir": d}
+
+
+def _train(task, name: str, setting: str):
+    torch.set_num_threads(1)
+    with precision.use(setting):
+        out = finetune(classifier(task["tok"].vocab_size, 2, seed=3), TrainRun(
+            task["dir"] / name, task["train"], task["dev"], compute_metrics=accuracy, main_score="accuracy",
+            args=dict(num_train_epochs=10, learning_rate=2e-3, per_device_train_batch_size=16, save_strategy="no",
+                      eval_strategy="epoch", load_best_model_at_end=False, **FAST)))
+    return out, json.loads((out / "metrics.json").read_text())["eval_accuracy"]
+
+
+@needs_bf16
+def test_a_tiny_model_trained_in_bf16_reaches_the_fp32_score(task):
+    """400 steps of fine-tuning, once in fp32 and once under bf16 autocast from the same seed: the dev accuracies
+    agree within 0.05 (the noise of a 200-example dev set), the saved weights are fp32, and the runs differ (bf16
+    really ran)."""
+    dir32, acc32 = _train(task, "fp32", "fp32")
+    dir16, acc16 = _train(task, "bf16", "bf16")
+    assert acc32 > 0.9 and abs(acc16 - acc32) <= 0.05, (acc16, acc32)
+    m32 = transformers.AutoModelForSequenceClassification.from_pretrained(dir32)
+    m16 = transformers.AutoModelForSequenceClassification.from_pretrained(dir16)
+    assert all(p.dtype == torch.float32 for p in m16.parameters())
+    assert not all(torch.equal(a, b) for a, b in zip(m32.parameters(), m16.parameters()))
+
+
+@needs_bf16
+def test_a_prediction_distillation_in_bf16_keeps_the_teacher_score(task):
+    """TinyBERT step 2 (eq. 10) under bf16 autocast: the student reaches 0.9 of an fp32-trained teacher."""
+    teacher_dir, teacher_acc = _train(task, "teacher", "fp32")
+    teacher = transformers.AutoModelForSequenceClassification.from_pretrained(teacher_dir)
+    student = classifier(task["tok"].vocab_size, 1, seed=4, hidden=24, inter=48)
+    with precision.use("bf16"):
+        out = distill(teacher, student, DistillSpec({"prediction_loss": 1.0}, "prediction"), TrainRun(
+            task["dir"] / "student", task["train"], task["dev"], compute_metrics=accuracy, main_score="accuracy",
+            args=dict(num_train_epochs=6, learning_rate=3e-3, per_device_train_batch_size=16, save_strategy="no",
+                      eval_strategy="epoch", load_best_model_at_end=False, **FAST)))
+    acc = json.loads((out / "metrics.json").read_text())["eval_accuracy"]
+    assert acc >= 0.9 * teacher_acc, (acc, teacher_acc)
