@@ -109,6 +109,10 @@ def test_recipe_params_and_checks():
                                                                         "intermediate": 256})), "params.yaml", root)
     with pytest.raises(ConfigError, match=r"students\.pkd\.objectives"):
         parse_params(demo_with_pkd(objectives={"attention_loss": 1}))
+    for key in ("alpha", "beta", "temperature"):  # every float in params is finite (a YAML .inf or .nan)
+        for value in (float("inf"), float("nan")):
+            with pytest.raises(ConfigError, match=rf"students\.pkd\.{key}: Input should be a finite number"):
+                parse_params(yaml.safe_load(yaml.safe_dump(demo_with_pkd(**{key: value}))))
     with pytest.raises(RecipeError, match="no intermediate layer"):
         PKD(shape={"layers": 1, "hidden": 128, "heads": 4, "intermediate": 512}).check(Dims(4, 128, 4, 512), "s")
 

@@ -32,7 +32,7 @@ from distillery.models import Dims
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # every float in params is finite
 
 
 class RecipeError(UserError, ValueError):
