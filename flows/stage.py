@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
             valid = items(args.stage, p)
             if args.item not in valid:
                 raise UserError(f"{args.stage}: item {args.item!r} is not one of {valid} under {args.params}")
+            if args.stage == "register":  # refused before the stage starts: no `.started` stamp left behind
+                tracking.require("the register stage")
             execute(STAGES[args.stage], p, args.item)
         if args.stage in ("all", "report") and p.finetune.stop_on_failed_gate:
             from tasks.teacher import failed_gates

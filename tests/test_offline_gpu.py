@@ -46,10 +46,16 @@ def test_every_stage_runs_untracked_without_mlflow_prefect_or_dvc(tmp_path):
     again = stage("all")  # every stage is fresh: cached, nothing trained
     assert again.returncode == 0 and "started" not in again.stdout and "report: cached" in again.stdout
 
-    refused = stage("register", "--item", "micro:demo")
+
+def test_register_untracked_is_refused_before_it_starts(tmp_path):
+    project = make_project(tmp_path / "p", ONE_STUDENT, dvc_yaml=False)
+    refused = subprocess.run([sys.executable, "-c", WITHOUT_PIPELINE, "register", "--item", "micro:demo"], cwd=project,
+                             env={**env_for(project), "DISTILLERY_TRACKING": "off"}, capture_output=True, text=True,
+                             timeout=300)
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines() == [
         "error: the register stage needs MLflow, and tracking is off (DISTILLERY_TRACKING=off): unset it"]
+    assert not (project / ".prefect").exists()  # no `.started` stamp: nothing began
 
 
 @pytest.fixture
