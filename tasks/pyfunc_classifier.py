@@ -46,12 +46,9 @@ class SequenceClassifier(PythonModel):
         first = "text" if "text" in cols else cols[0]
         rest = [c for c in cols if c != first]
         second = "text_pair" if "text_pair" in cols else (rest[0] if rest and self.pair else None)
-        texts = ["" if v is None else str(v) for v in df[first].tolist()]
-        if self.pair:
-            if second is None:
-                raise ValueError("this model scores sentence pairs: give the columns text and text_pair")
-            return texts, ["" if v is None else str(v) for v in df[second].tolist()]
-        return texts, None
+        if self.pair and second is None:
+            raise ValueError("this model scores sentence pairs: give the columns text and text_pair")
+        return _texts(df, first), _texts(df, second) if self.pair else None
 
     # the type hint tells MLflow the input is tabular (its signature is logged explicitly): no type-hint advice
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
@@ -74,6 +71,15 @@ class SequenceClassifier(PythonModel):
         ids = probs.argmax(-1).tolist()
         labels = [self.labels[i] if i < len(self.labels) else str(i) for i in ids]
         return pd.DataFrame({"label": labels, "score": probs.max(-1).values.double().numpy()})
+
+
+def _texts(df: pd.DataFrame, column: str) -> list[str]:
+    """The column's values, each a string: a missing one (None, NaN) is refused, never scored as an empty text."""
+    values = df[column].tolist()
+    if bad := next(((i, v) for i, v in enumerate(values) if not isinstance(v, str)), None):
+        raise ValueError(f"row {bad[0]}: {column} is {bad[1]!r}, not a text (a missing one, None or NaN, is refused: "
+                         "give \"\" for an empty text)")
+    return values
 
 
 mlflow.models.set_model(SequenceClassifier())

@@ -155,6 +155,8 @@ def test_pyfunc_uses_both_sentences_and_the_task_labels(project):
     assert out["score"][0] != out["score"][1], "the second sentence did not change the prediction"
     with pytest.raises(Exception, match="text_pair"):
         model.predict(["the movie was good"])  # a pair model needs pairs
+    with pytest.raises(Exception, match="row 1: text_pair is nan, not a text"):  # never scored as an empty text
+        model.predict(pd.DataFrame({"text": ["the movie", "the film"], "text_pair": ["was good", None]}))
 
 
 def test_stsb_pyfunc_answers_float_scores(project):
