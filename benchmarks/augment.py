@@ -51,22 +51,26 @@ def _sentences(n: int, vocab: list[str]) -> list[str]:
     return [" ".join(rng.choice(words) for _ in range(rng.randint(5, 30))) for _ in range(n)]
 
 
+def bert_tokenizer():
+    """BERT's uncased vocabulary from ../shared, else a generated one (letters + ## letters + pseudo-words)."""
+    if VOCAB.is_file():
+        return transformers.BertTokenizerFast(vocab=str(VOCAB))
+    rng = random.Random(0)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = {"".join(rng.choice(letters) for _ in range(rng.randint(3, 8))) for _ in range(30000)}
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ",", "."] + list(letters) + ["##" + c for c in letters]
+    vocab += sorted(words)
+    path = Path(tempfile.mkdtemp()) / "vocab.txt"
+    path.write_text("\n".join(dict.fromkeys(vocab)) + "\n", encoding="utf-8")
+    return transformers.BertTokenizerFast(vocab=str(path))
+
+
 def _tokenizer_and_model(args) -> tuple:
     if args.mlm:
         tok = transformers.AutoTokenizer.from_pretrained(args.mlm)
         model = transformers.AutoModelForMaskedLM.from_pretrained(args.mlm)
     else:
-        if VOCAB.is_file():
-            tok = transformers.BertTokenizerFast(vocab=str(VOCAB))
-        else:  # no shared vocabulary: a generated one (letters + ## letters + pseudo-words)
-            rng = random.Random(0)
-            letters = "abcdefghijklmnopqrstuvwxyz"
-            words = {"".join(rng.choice(letters) for _ in range(rng.randint(3, 8))) for _ in range(30000)}
-            vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ",", "."] + list(letters) + ["##" + c for c in letters]
-            vocab += sorted(words)
-            path = Path(tempfile.mkdtemp()) / "vocab.txt"
-            path.write_text("\n".join(dict.fromkeys(vocab)) + "\n", encoding="utf-8")
-            tok = transformers.BertTokenizerFast(vocab=str(path))
+        tok = bert_tokenizer()
         torch.manual_seed(0)
         cfg = transformers.BertConfig(vocab_size=len(tok))  # BERT-base shape: 12 x 768, 12 heads, 3072
         model = transformers.BertForMaskedLM(cfg)

@@ -82,7 +82,7 @@ def test_student_without_assistant_gets_no_teacher_assistant_stage(tmp_path):
     assert set(stages) == set(expected_stages(params))
     # the stages run with that params file, and DVC tracks its keys
     assert general["cmd"].endswith(f"--params {gen._rel(params)}")
-    assert general["params"] == [{gen._rel(params): ["seed", f"students.{student}", "general_distillation"]}]
+    assert general["params"] == [{gen._rel(params): ["seed", f"students.{student}", "general_distillation", "precision"]}]
 
 
 def test_unmapped_params_key_is_an_error():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from distillery import precision
 from distillery.errors import (InputNotFoundError, OutputExistsError, UserError, int_at_least, non_negative_int,
                                positive_int, probability)
 
@@ -17,6 +18,7 @@ def _run(args: argparse.Namespace) -> int:
     from distillery.glue.loaders import task_dir
     from distillery.glue.tasks import get_task
 
+    precision.resolve(args.precision)  # bf16 where the device has no fast bf16: one error line before any work
     spec = get_task(args.task)
     if args.input is not None:
         source = Path(args.input)
@@ -27,15 +29,16 @@ def _run(args: argparse.Namespace) -> int:
     if not source.is_file():
         raise InputNotFoundError(f"augment: input file {source} not found")
     check_output_file(Path(args.output), source)
-    model, tokenizer = load_masked_lm(args.mlm, device=args.device, bf16=args.bf16)
+    model, tokenizer = load_masked_lm(args.mlm, device=args.device)
     vectors = load_word_vectors(args.glove, max_words=args.max_words, cache_dir=args.cache_dir)
     config = AugmentConfig(
         k=args.k, p_t=args.p_t, n_aug=args.n_aug, seed=args.seed, batch_size=args.batch_size, fast=args.fast,
         drop_original=args.drop_original, drop_punctuation=args.drop_punctuation,
         drop_subwords=args.drop_subwords, restore_case=args.restore_case, max_seq_length=args.max_seq_length,
     )
-    out = augment_file(spec.name, source, model, tokenizer, vectors, config, args.output,
-                       max_examples=args.max_examples, progress=not args.quiet)
+    with precision.use(args.precision):
+        out = augment_file(spec.name, source, model, tokenizer, vectors, config, args.output,
+                           max_examples=args.max_examples, progress=not args.quiet)
     print(f"augmented {source} -> {out}")
     return 0
 
@@ -82,6 +85,7 @@ def register(subparsers) -> None:
     p.add_argument("--drop-subwords", action="store_true", help="rank whole words only (K whole-word candidates)")
     p.add_argument("--restore-case", action="store_true", help="re-apply the input casing to output words")
     p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
-    p.add_argument("--bf16", action="store_true", help="run the MLM in bfloat16 (GPU)")
+    p.add_argument("--precision", choices=precision.SETTINGS, default="auto",
+                   help="the MLM's forwards: auto = bf16 autocast where the device is fast at it (distillery.precision)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_run)

@@ -64,11 +64,11 @@ def load_mlm_checked(name_or_path: str | os.PathLike, **kwargs):
     return model
 
 
-def load_masked_lm(path: str | os.PathLike, *, device: str | None = None, bf16: bool = False):
-    """(model, tokenizer) of a masked LM saved with ``save_pretrained`` (safetensors; no remote code).
+def load_masked_lm(path: str | os.PathLike, *, device: str | None = None):
+    """(model, tokenizer) of a masked LM saved with ``save_pretrained`` (safetensors; no remote code), in fp32 (its
+    forwards follow `distillery.precision`).
 
-    `device` defaults to CUDA when available; `bf16` casts the model to bfloat16 (meant for GPUs). A checkpoint
-    without an MLM head raises MissingMLMHeadError.
+    `device` defaults to CUDA when available. A checkpoint without an MLM head raises MissingMLMHeadError.
     """
     from transformers import AutoTokenizer
 
@@ -80,8 +80,6 @@ def load_masked_lm(path: str | os.PathLike, *, device: str | None = None, bf16: 
     model = load_mlm_checked(path).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if bf16:
-        model.to(torch.bfloat16)
     return model, tokenizer
 
 

@@ -1,0 +1,189 @@
+"""fp32 vs bf16 autocast on this machine, measured side by side in one run (`distillery.precision`).
+
+Run as ``python -m benchmarks.precision``. The same models and inputs in both precisions, interleaved (fp32, bf16,
+bf16, fp32, ...), after a warm-up; the median of each is reported:
+
+  (a) a distillation step of the `local` preset's shapes: a 6 x 384 teacher (all-MiniLM-L6-v2's shape, BERT's
+      30522-word vocabulary) and a 3 x 384 student, TinyBERT's intermediate losses (eqs. 7-9) through the
+      `Distiller` the Trainer optimises, backward, AdamW; batch 32 at length 64 and 128;
+  (b) a SQuAD-shaped fine-tuning step: the 6 x 384 encoder with a span head at length 384 (batch --squad-batch);
+  (c) inference of the 6 x 384 classifier at batch 1 and 32, length 128 (`distillery.efficiency.measure_latency`,
+      as the evaluate stage times the bf16 row);
+  (d) augmentation's MLM forwards: the masked copies of TinyBERT's Algorithm 1 for the first --sentences SST-2
+      training sentences (generated ones without ../shared), batched as `MaskedLM.topk` runs them, through a
+      6 x 384 MLM (random weights, or --mlm DIR). With --mlm, also the overlap of the top-K candidates of the two
+      precisions (does bf16 change what augmentation proposes?).
+
+Last line: ``train_speedup: X infer_speedup: Y aug_speedup: Z`` (X: (a) at length 128; Y: (c) at batch 32; Z: (d)),
+each fp32 time over bf16 time. On a device without fast bf16 it says so in one line and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Callable
+
+import torch
+import transformers
+
+from distillery import precision
+
+#: (layers, hidden, heads, intermediate): the local preset's teacher (all-MiniLM-L6-v2) and its 3-layer student
+TEACHER, STUDENT = (6, 384, 12, 1536), (3, 384, 12, 1536)
+VOCAB = 30522
+
+
+def interleaved(fns: dict[str, Callable[[], None]], reps: int) -> dict[str, float]:
+    """Median seconds of each zero-argument function, after one warm-up call each, timed in alternating order."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(reps):
+        for name in names if r % 2 == 0 else names[::-1]:
+            t0 = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def _ratio(line: str, t: dict[str, float]) -> float:
+    ratio = t["fp32"] / t["bf16"]
+    print(f"{line}: fp32 {1000 * t['fp32']:.0f} ms, bf16 {1000 * t['bf16']:.0f} ms, {ratio:.2f}x", flush=True)
+    return ratio
+
+
+def distillation_step(batch: int, seq: int, reps: int) -> float:
+    from benchmarks.distill import INTERMEDIATE, student_model, teacher_model
+    from benchmarks.distill import batch as make_batch
+    from distillery.layer_map import build_layer_map
+    from distillery.training.distill import Distiller, make_projection
+    from distillery.training.spec import DistillSpec
+
+    torch.manual_seed(0)
+    teacher, student = teacher_model(TEACHER, VOCAB), student_model(STUDENT, VOCAB)
+    lm = build_layer_map("uniform", STUDENT[0], TEACHER[0])
+    distiller = Distiller(student, teacher, DistillSpec(INTERMEDIATE, "intermediate", lm),
+                          make_projection(student, teacher, lm)).train()
+    opt = torch.optim.AdamW([p for p in distiller.parameters() if p.requires_grad], lr=1e-4)
+    inputs = {k: v for k, v in make_batch(batch, seq).items() if k != "labels"}
+
+    def step(form: str) -> Callable[[], None]:
+        def run() -> None:
+            with precision.autocast("cpu", form):
+                loss = distiller(**inputs).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        return run
+
+    return _ratio(f"(a) distillation step, batch {batch}, length {seq}",
+                  interleaved({"fp32": step("fp32"), "bf16": step("bf16")}, reps))
+
+
+def squad_step(batch: int, reps: int) -> float:
+    from benchmarks.distill import bert_config
+
+    torch.manual_seed(0)
+    model = transformers.BertForQuestionAnswering(bert_config(TEACHER, VOCAB)).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(0)
+    inputs = {"input_ids": torch.randint(1000, VOCAB, (batch, 384), generator=g),
+              "start_positions": torch.randint(0, 384, (batch,), generator=g),
+              "end_positions": torch.randint(0, 384, (batch,), generator=g)}
+
+    def step(form: str) -> Callable[[], None]:
+        def run() -> None:
+            with precision.autocast("cpu", form):
+                loss = model(**inputs).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        return run
+
+    return _ratio(f"(b) SQuAD fine-tuning step, batch {batch}, length 384",
+                  interleaved({"fp32": step("fp32"), "bf16": step("bf16")}, reps))
+
+
+def inference(batch: int, reps: int) -> float:
+    from benchmarks.distill import teacher_model
+    from distillery.efficiency import measure_latency
+
+    torch.manual_seed(0)
+    model = teacher_model(TEACHER, VOCAB)
+    table = measure_latency({"fp32": model, "bf16": model}, batch=batch, seq_len=128, reps=reps, device="cpu",
+                            precisions={"bf16": "bf16"})
+    return _ratio(f"(c) inference, batch {batch}, length 128", {k: r.median_ms / 1000 for k, r in table.items()})
+
+
+def augmentation(sentences: int, mlm: str | None, reps: int) -> float:
+    import tempfile
+    from types import SimpleNamespace
+
+    from benchmarks.augment import _sentences, _tokenizer_and_model, _vectors, bert_tokenizer
+    from distillery.augment import AugmentConfig, Augmenter, candidate_overlap
+
+    if mlm is None:  # the MLM shape of the local preset's teacher, random weights (timing does not read them)
+        tok = bert_tokenizer()
+        torch.manual_seed(0)
+        model = transformers.BertForMaskedLM(transformers.BertConfig(
+            vocab_size=len(tok), num_hidden_layers=TEACHER[0], hidden_size=TEACHER[1], num_attention_heads=TEACHER[2],
+            intermediate_size=TEACHER[3])).eval()
+    else:
+        tok, model = _tokenizer_and_model(SimpleNamespace(mlm=mlm, device="cpu"))
+    aug = Augmenter(model, tok, _vectors(tok, tempfile.mkdtemp(prefix="precision-bench-")), AugmentConfig())
+    texts = _sentences(sentences, tok.convert_ids_to_tokens(list(range(len(tok)))))
+    analyses = [aug.analyse(t) for t in texts]
+    copies, _, _ = aug._plan(analyses, fast=False)
+
+    def forwards(form: str) -> Callable[[], None]:
+        def run() -> None:
+            with precision.use(form):
+                aug.mlm.forward_only(copies, aug.config.k, aug.config.batch_size)
+
+        return run
+
+    ratio = _ratio(f"(d) augmentation MLM forwards, {len(copies)} masked copies of {len(texts)} sentences",
+                   interleaved({"fp32": forwards("fp32"), "bf16": forwards("bf16")}, reps))
+    if mlm is not None:
+        with precision.use("fp32"):
+            ref = aug.candidates_for(analyses)
+        with precision.use("bf16"):
+            got = aug.candidates_for(analyses)
+        positions = [[i for i in a.eligible if a.lengths[i] == 1] for a in analyses]
+        same = sum(r == g for r, g in zip(ref, got))
+        print(f"    bf16 vs fp32 MLM candidates ({mlm}): overlap {candidate_overlap(ref, got, positions):.3f} "
+              f"of the top-{aug.config.k} per word; identical for {same}/{len(texts)} sentences", flush=True)
+    return ratio
+
+
+def main(argv: list[str] | None = None) -> dict[str, float] | None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reps", type=int, default=4, help="timed runs of each precision per measurement")
+    p.add_argument("--squad-batch", type=int, default=8)
+    p.add_argument("--sentences", type=int, default=64, help="SST-2 sentences for the augmentation forwards")
+    p.add_argument("--mlm", default=None, help="a trained masked-LM directory (e.g. models/teacher-mlm/model)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    args = p.parse_args(argv)
+    if not precision.bf16_supported("cpu"):
+        print(f"no bf16 to measure: {precision.why_not('cpu')}; the pipeline runs in fp32 here (precision: auto)")
+        return None
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    transformers.logging.set_verbosity_error()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU bf16: "
+          f"{', '.join(precision.cpu_bf16_flags())}", flush=True)
+    res = {"distill_64": distillation_step(32, 64, args.reps), "train_speedup": distillation_step(32, 128, args.reps),
+           "squad_step": squad_step(args.squad_batch, args.reps), "infer_b1": inference(1, 5 * args.reps),
+           "infer_speedup": inference(32, args.reps), "aug_speedup": augmentation(args.sentences, args.mlm, args.reps)}
+    print(f"train_speedup: {res['train_speedup']:.2f} infer_speedup: {res['infer_speedup']:.2f} "
+          f"aug_speedup: {res['aug_speedup']:.2f}")
+    return res
+
+
+if __name__ == "__main__":
+    main()
