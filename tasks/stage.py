@@ -218,7 +218,8 @@ def run_stage(stage: Stage, params: Params, item: str | None, key: str | None = 
     """Run a stage body, then stamp its outputs with the key that made them and their fingerprints. A body that raises
     SkipStage leaves skip records as its outputs and returns `{"skipped": reason}`."""
     key = key or stage_key(stage, params, item)
-    _stamp_path(stage, item).unlink(missing_ok=True)  # a killed run must not leave an old stamp that looks valid
+    # an earlier run's stamp stays until this run stamps: it is valid only for its key and while every output is as it
+    # recorded, so a failed or killed run (atomic outputs) leaves the earlier good run fresh, and never looks fresh itself
     if stage.device:
         from transformers import set_seed
 

@@ -55,6 +55,14 @@ def test_pipeline_writes_summary_report_and_registry(prefect_project):
     assert int8["main_change_vs_fp32"] == pytest.approx(int8["accuracy"] - student["accuracy"])
     for name in ("table.md", "table.html"):
         assert "micro-int8" in (project / "reports" / name).read_text()
+    from distillery.precision import bf16_supported
+
+    if bf16_supported("cpu"):  # the same student served in bf16 (PyTorch autocast): its own row too
+        bf16 = summary["demo"]["micro-bf16"]
+        assert bf16["accuracy"] == student["bf16_accuracy"] and bf16["latency_ms_b1"] == student["latency_ms_b1_bf16"]
+        assert bf16["main_change_vs_fp32"] == pytest.approx(bf16["accuracy"] - student["accuracy"])
+        assert "micro-bf16" in (project / "reports" / "table.md").read_text()
+    assert "Training, teacher logits and augmentation ran in" in (project / "reports" / "table.md").read_text()
     assert (project / "data" / "predictions" / "demo" / "micro" / "demo.tsv").is_file()
     assert (project / "reports" / "submission" / "micro.zip").is_file()
     record = json.loads((project / "metrics" / "registry" / "micro-demo.json").read_text())

@@ -241,3 +241,21 @@ def test_a_prediction_distillation_in_bf16_keeps_the_teacher_score(task):
                       eval_strategy="epoch", load_best_model_at_end=False, **FAST)))
     acc = json.loads((out / "metrics.json").read_text())["eval_accuracy"]
     assert acc >= 0.9 * teacher_acc, (acc, teacher_acc)
+
+
+def test_the_benchmark_says_so_and_measures_nothing_without_fast_bf16(no_bf16, capsys):
+    from benchmarks import precision as bench
+
+    assert bench.main([]) is None
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == ["no bf16 to measure: this CPU has none of amx_bf16, avx512_bf16; the pipeline runs in fp32 here "
+                   "(precision: auto)"]
+
+
+def test_the_benchmark_times_both_precisions_interleaved():
+    from benchmarks.precision import interleaved
+
+    calls = []
+    medians = interleaved({"fp32": lambda: calls.append("fp32"), "bf16": lambda: calls.append("bf16")}, reps=3)
+    assert calls == ["fp32", "bf16", "fp32", "bf16", "bf16", "fp32", "fp32", "bf16"]  # warm-up, then alternating
+    assert set(medians) == {"fp32", "bf16"} and all(m >= 0 for m in medians.values())

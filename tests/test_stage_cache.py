@@ -156,3 +156,24 @@ def test_every_stage_depends_on_the_code_that_holds_its_defaults(params):
 
     for name, st in STAGES.items():
         assert "distillery/config.py" in st.code, name
+
+
+def test_a_failed_run_leaves_the_earlier_good_run_fresh(tmp_path, params, monkeypatch):
+    """A run that fails (its outputs are written atomically, so they are the earlier run's) keeps the earlier stamp:
+    going back to the params of the good run finds it fresh instead of redoing it; the failed key is never fresh."""
+    monkeypatch.setattr(stage_mod, "STAMPS", tmp_path / "stamps")
+    out = tmp_path / "out.txt"
+
+    def body(p, i):
+        if p.finetune.lr < 1e-4:
+            raise RuntimeError("bad input")
+        out.write_text(str(p.finetune.lr))
+        return {}
+
+    s = Stage("toy", run=body, deps=lambda p, i: [], outs=lambda p, i: [out],
+              params=lambda p, i: {"lr": p.finetune.lr})
+    run_stage(s, params, None)
+    failing = params.model_copy(update={"finetune": params.finetune.model_copy(update={"lr": 1e-5})})
+    with pytest.raises(RuntimeError):
+        run_stage(s, failing, None)
+    assert is_fresh(s, params, None) and not is_fresh(s, failing, None)
