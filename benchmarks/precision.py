@@ -6,6 +6,7 @@ bf16, fp32, ...), after a warm-up; the median of each is reported:
   (a) a distillation step of the `local` preset's shapes: a 6 x 384 teacher (all-MiniLM-L6-v2's shape, BERT's
       30522-word vocabulary) and a 3 x 384 student, TinyBERT's intermediate losses (eqs. 7-9) through the
       `Distiller` the Trainer optimises, backward, AdamW; batch 32 at length 64 and 128;
+      every bf16 run with the attention the pipeline gives it (`distillery.precision.fast_attention`);
   (b) a SQuAD-shaped fine-tuning step: the 6 x 384 encoder with a span head at length 384 (batch --squad-batch);
   (c) inference of the 6 x 384 classifier at batch 1 and 32, length 128 (`distillery.efficiency.measure_latency`,
       as the evaluate stage times the bf16 row);
@@ -49,6 +50,14 @@ def interleaved(fns: dict[str, Callable[[], None]], reps: int) -> dict[str, floa
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def attention_for(form: str, *models) -> None:
+    """Each model with the attention the pipeline gives it at `form` (`distillery.precision.fast_attention`: eager
+    under bf16 on a CPU, PyTorch's SDPA otherwise), switched before every timed call: both forms share the weights."""
+    for model in models:
+        model.set_attn_implementation("sdpa")
+        precision.fast_attention(model, "cpu", form)
+
+
 def _ratio(line: str, t: dict[str, float]) -> float:
     ratio = t["fp32"] / t["bf16"]
     print(f"{line}: fp32 {1000 * t['fp32']:.0f} ms, bf16 {1000 * t['bf16']:.0f} ms, {ratio:.2f}x", flush=True)
@@ -72,6 +81,7 @@ def distillation_step(batch: int, seq: int, reps: int) -> float:
 
     def step(form: str) -> Callable[[], None]:
         def run() -> None:
+            attention_for(form, teacher, student)
             with precision.autocast("cpu", form):
                 loss = distiller(**inputs).loss
             loss.backward()
@@ -97,6 +107,7 @@ def squad_step(batch: int, reps: int) -> float:
 
     def step(form: str) -> Callable[[], None]:
         def run() -> None:
+            attention_for(form, model)
             with precision.autocast("cpu", form):
                 loss = model(**inputs).loss
             loss.backward()
@@ -142,6 +153,7 @@ def augmentation(sentences: int, mlm: str | None, reps: int) -> float:
 
     def forwards(form: str) -> Callable[[], None]:
         def run() -> None:
+            attention_for(form, model)
             with precision.use(form):
                 aug.mlm.forward_only(copies, aug.config.k, aug.config.batch_size)
 

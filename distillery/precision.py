@@ -11,7 +11,8 @@ at it, fp32 elsewhere.
 bf16 here is autocast (`torch.autocast`), never a cast of the model: weights, optimiser states and checkpoints stay
 fp32, matmuls and linear layers run in bf16, and the objectives' reductions run in fp32 (the distillation loop
 computes its loss terms outside autocast, on fp32 copies of what it captured; see `fp32`). The training loops get
-it through the Trainer's own ``bf16`` argument (`trainer_options`); inference paths open `autocast()`.
+it through the Trainer's own ``bf16`` argument (`trainer_options`); inference paths open `autocast()`. On a CPU,
+bf16 models run the eager attention (`fast_attention`): PyTorch's fused SDPA kernel is slow in bf16 there.
 
 The pipeline sets the switch once per stage (`use`); library code reads it with `current()`. A library caller who
 never sets it gets what the loops did before the switch existed: bf16 on a bf16 GPU, fp32 on a CPU.
@@ -126,6 +127,22 @@ def autocast(device: str | torch.device | None = None, precision: str | None = N
     return torch.autocast(dev, dtype=torch.bfloat16, enabled=resolve(chosen, dev) == "bf16")
 
 
+def fast_attention(model: Any, device: str | torch.device | None = None, precision: str | None = None) -> Any:
+    """`model` set to the attention that is fast at the precision in force (given, else `current()`): under bf16 on a
+    CPU, the eager attention (matmul + softmax), which runs bf16 on the same kernels as the rest of the model, instead
+    of PyTorch's fused SDPA, whose CPU bf16 kernel is slow (a SQuAD step at 384 tokens: 2.3x faster than fp32 with
+    eager attention, 1.4x with SDPA; `python -m benchmarks.precision`). The two compute the same attention; nothing
+    is saved with the model (its config.json is unchanged). Other models, precisions and devices: unchanged."""
+    dev = device_type(device)
+    chosen = precision if precision is not None else current(dev)
+    if dev != "cpu" or resolve(chosen, dev) != "bf16":
+        return model
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) == "sdpa" and hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation("eager")
+    return model
+
+
 def fp32_region(device: str | torch.device | None = None):
     """A region where autocast is off (the objectives' reductions)."""
     return torch.autocast(device_type(device), enabled=False)
@@ -169,4 +186,4 @@ def describe(setting: str, device: str | torch.device | None = None) -> str:
 
 
 __all__ = ["CPU_FLAGS", "PrecisionError", "SETTINGS", "autocast", "bf16_supported", "cpu_bf16_flags", "current",
-           "describe", "fp32", "fp32_region", "resolve", "trainer_options", "use", "why_not"]
+           "describe", "fast_attention", "fp32", "fp32_region", "resolve", "trainer_options", "use", "why_not"]

@@ -224,6 +224,7 @@ class MaskedLM:
         order = sorted(range(len(copies)), key=lambda i: len(copies[i].input_ids))
         was_training = self.model.training
         self.model.eval()
+        precision.fast_attention(self.model, self.device)
         try:
             with torch.inference_mode(), precision.autocast(self.device):
                 for start in range(0, len(order), batch_size):
@@ -254,6 +255,7 @@ class MaskedLM:
         top-K ids), with no candidate post-processing. Returns the number of masked positions."""
         order = sorted(range(len(copies)), key=lambda i: len(copies[i].input_ids))
         n = 0
+        precision.fast_attention(self.model, self.device)
         with torch.inference_mode(), precision.autocast(self.device):
             for start in range(0, len(order), batch_size):
                 batch = [copies[i] for i in order[start:start + batch_size] if copies[i].positions]

@@ -9,6 +9,7 @@ threads; on CUDA the device is synchronised around every call.
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from distillery.precision import autocast
+from distillery.precision import autocast, fast_attention
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ def _runner(obj: Any, batch: int, seq_len: int, device: torch.device, precision:
     into a zero-argument callable."""
     if isinstance(obj, nn.Module):
         model = obj.to(device).eval()
+        if precision == "bf16":  # its own copy: the same module may be timed in fp32 beside it
+            model = fast_attention(copy.deepcopy(model), device, precision)
         inputs = make_inputs(batch, seq_len, _vocab_size(model),
                              token_type_ids=_accepts(model, "token_type_ids"))
         inputs = {k: v.to(device) for k, v in inputs.items() if _accepts(model, k) or k == "input_ids"}

@@ -76,7 +76,10 @@ def predict_span_logits(model, tokenizer, features, *, session=None, batch_size:
     from distillery import precision
 
     rows = []
-    with torch.inference_mode(), precision.autocast(None if model is None else next(model.parameters()).device):
+    device = None if model is None else next(model.parameters()).device
+    if model is not None:
+        precision.fast_attention(model, device)
+    with torch.inference_mode(), precision.autocast(device):
         for batch in batches(None if session is not None else model, tokenizer, features, batch_size=batch_size):
             if session is not None:
                 rows += list(np.asarray(session(**{k: v.numpy() for k, v in batch.items()})))

@@ -81,6 +81,7 @@ def compute_teacher_logits(
     was_training = teacher.training
     teacher.eval()
     device = torch.device(device) if device is not None else next(teacher.parameters()).device
+    precision.fast_attention(teacher, device)
     keys = [c for c in INPUT_COLUMNS if c in dataset.column_names]
     import inspect
 

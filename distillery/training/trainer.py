@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from transformers import PreTrainedModel, Trainer, TrainingArguments
 
+from distillery import precision
 from distillery.runtime import FreeCores
 from distillery.training.args import train_arguments
 from distillery.training.log import LOG_NAME, quiet_progress, rows_from_state, write_log
@@ -43,6 +44,8 @@ def train_and_export(
     evaluate the final model, whose dev metrics go to ``metrics.json``. ``export``: the model saved (default the
     Trainer's model; the student for a ``Distiller``). ``extra(dir)`` writes more files into the export.
     ``run.param_groups``: the only parameters trained, each at its own learning-rate scale (``scaled_adamw``)."""
+    for m in (model, export, getattr(model, "teacher", None)):  # a Distiller's student and teacher too
+        precision.fast_attention(m, targs.device, "bf16" if targs.bf16 else "fp32")
     optimizer = scaled_adamw(run.param_groups, targs) if run.param_groups is not None else None
     metric_fn = run.compute_metrics if evaluate else None
     if getattr(metric_fn, "takes_logits", False) and targs.train_sampling_strategy == "group_by_length":
