@@ -8,7 +8,7 @@ Each scheduled run executes `flows.pipeline.pipeline` with the chosen params fil
 Prefect cache, so a nightly run only recomputes what new data, code or params changed. `flow.serve` needs no work
 pool and no worker, but it needs a Prefect server: without PREFECT_API_URL Prefect would serve on an ephemeral
 server, which runs no scheduler (the cron would never fire), so this command refuses. For work pools and workers
-(other machines, GPUs, containers), deploy from prefect.yaml instead: see the README ("Scale out").
+(other machines, GPUs, containers), deploy from prefect.yaml instead: see docs/operations.md ("Scale out").
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ loss terms with their default weights (see ``base.py`` for what every recipe say
 
 Adding a paper: its module here (a ``Recipe`` subclass with ``@register``; every module of this package is imported
 below, so nothing else lists it), its loss terms in ``distillery/objectives/<paper>.py`` (``@register`` of
-``distillery.objectives.registry``), tests, params and a README row.
+``distillery.objectives.registry``), tests, params, a row in the README's recipe table and a page in
+docs/recipes/.
 """
 
 import importlib
