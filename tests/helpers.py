@@ -200,9 +200,10 @@ def scratch(project: Path) -> Iterator[Path]:
         kept.rename(project)
 
 
-#: What a pipeline's console may print besides progress bars: stage events, the registry's decisions, the summary.
-EVENT_LINE = re.compile(r"^([a-z_]+(\[[^]]+\])?: (started|done in \d+ s)|register \S+ version \d+: .+|"
-                        r"pipeline finished in .+)$")
+#: What a pipeline's console may print besides progress bars: the precision it runs at (distillery.precision, once),
+#: stage events, the registry's decisions, the summary.
+EVENT_LINE = re.compile(r"^(precision: (bf16|fp32) .+|[a-z_]+(\[[^]]+\])?: (started|done in \d+ s)|"
+                        r"register \S+ version \d+: .+|pipeline finished in .+)$")
 
 
 def stage_lines(console: str) -> list[str]:

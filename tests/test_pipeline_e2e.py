@@ -115,9 +115,11 @@ def test_console_has_one_line_per_stage_event(prefect_project):
     _, first, _ = prefect_project
     lines = stage_lines(first.stdout + first.stderr)
     assert [line for line in lines if not EVENT_LINE.match(line)] == []
+    assert len([line for line in lines if line.startswith("precision: ")]) == 1  # said once, first
+    assert lines[0].startswith("precision: ")
     assert "\x1b[A" not in first.stderr  # a nested (evaluation) progress bar
     assert "Downloading artifacts" not in first.stderr  # MLflow's bar when the register stage loads a model
-    assert len(lines) <= 2 * 27 + 4 + 1
+    assert len(lines) <= 1 + 2 * 27 + 4 + 1  # the precision line, two per stage, the registry, the summary
 
 
 @pytest.mark.slow
