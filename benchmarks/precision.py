@@ -64,6 +64,25 @@ def _ratio(line: str, t: dict[str, float]) -> float:
     return ratio
 
 
+def train_steps(model: torch.nn.Module, inputs: dict[str, torch.Tensor], reps: int, *attention) -> dict[str, float]:
+    """Median seconds of one training step of `model` (forward to its `.loss`, backward, AdamW) in each precision,
+    interleaved; `attention`: the transformers models inside whose attention follows the precision."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+
+    def step(form: str) -> Callable[[], None]:
+        def run() -> None:
+            attention_for(form, *attention)
+            with precision.autocast("cpu", form):
+                loss = model(**inputs).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        return run
+
+    return interleaved({"fp32": step("fp32"), "bf16": step("bf16")}, reps)
+
+
 def distillation_step(batch: int, seq: int, reps: int) -> float:
     from benchmarks.distill import INTERMEDIATE, student_model, teacher_model
     from benchmarks.distill import batch as make_batch
@@ -76,22 +95,9 @@ def distillation_step(batch: int, seq: int, reps: int) -> float:
     lm = build_layer_map("uniform", STUDENT[0], TEACHER[0])
     distiller = Distiller(student, teacher, DistillSpec(INTERMEDIATE, "intermediate", lm),
                           make_projection(student, teacher, lm)).train()
-    opt = torch.optim.AdamW([p for p in distiller.parameters() if p.requires_grad], lr=1e-4)
     inputs = {k: v for k, v in make_batch(batch, seq).items() if k != "labels"}
-
-    def step(form: str) -> Callable[[], None]:
-        def run() -> None:
-            attention_for(form, teacher, student)
-            with precision.autocast("cpu", form):
-                loss = distiller(**inputs).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-        return run
-
     return _ratio(f"(a) distillation step, batch {batch}, length {seq}",
-                  interleaved({"fp32": step("fp32"), "bf16": step("bf16")}, reps))
+                  train_steps(distiller, inputs, reps, teacher, student))
 
 
 def squad_step(batch: int, reps: int) -> float:
@@ -99,25 +105,11 @@ def squad_step(batch: int, reps: int) -> float:
 
     torch.manual_seed(0)
     model = transformers.BertForQuestionAnswering(bert_config(TEACHER, VOCAB)).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(0)
     inputs = {"input_ids": torch.randint(1000, VOCAB, (batch, 384), generator=g),
               "start_positions": torch.randint(0, 384, (batch,), generator=g),
               "end_positions": torch.randint(0, 384, (batch,), generator=g)}
-
-    def step(form: str) -> Callable[[], None]:
-        def run() -> None:
-            attention_for(form, model)
-            with precision.autocast("cpu", form):
-                loss = model(**inputs).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-        return run
-
-    return _ratio(f"(b) SQuAD fine-tuning step, batch {batch}, length 384",
-                  interleaved({"fp32": step("fp32"), "bf16": step("bf16")}, reps))
+    return _ratio(f"(b) SQuAD fine-tuning step, batch {batch}, length 384", train_steps(model, inputs, reps, model))
 
 
 def inference(batch: int, reps: int) -> float:

@@ -93,7 +93,7 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
         results["teacher"]["gate"] = str(failure)
         if not span:
             _trivial_submission(p, task, data)
-    if bf16_served():  # each student served in bf16 (PyTorch autocast): its dev score beside the fp32 one
+    if bf16_served(p):  # each student served in bf16 (PyTorch autocast): its dev score beside the fp32 one
         for name in [s for s in p.students if s in results]:
             metrics, _ = evaluate(name, paths.student(name, task) / "model", "bf16")
             results[name].update({**{f"bf16_{k}": v for k, v in metrics.items()},
@@ -111,11 +111,12 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
     return {"metrics": {f"{m}.{k}": v for m, r in results.items() for k, v in r.items() if isinstance(v, (int, float))}}
 
 
-def bf16_served() -> bool:
-    """Whether the evaluate stage measures a bf16 form of each student: where this machine is fast at bf16."""
+def bf16_served(p: Params) -> bool:
+    """Whether the evaluate stage measures a bf16 form of each student: where the run's precision is bf16 here (part
+    of the stage's key; `precision: fp32` is fp32 everywhere)."""
     from distillery.precision import resolve
 
-    return resolve("auto") == "bf16"
+    return resolve(p.precision) == "bf16"
 
 
 def _trivial_submission(p: Params, task: str, data) -> None:
@@ -176,7 +177,7 @@ def _add_latency(p: Params, task: str, results: dict[str, dict[str, Any]], sessi
 
     head = task_kind(task).head
     models = {name: load_model(d, head=head).eval() for name, d in present(evaluated_models(p, task)).items()}
-    bf16 = {f"{name}-bf16": models[name] for name in p.students if name in models} if bf16_served() else {}
+    bf16 = {f"{name}-bf16": models[name] for name in p.students if name in models} if bf16_served(p) else {}
     for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
         timed = {**models, **bf16, **sessions} if device == "cpu" else models
         for batch in p.evaluation.latency_batch_sizes:
