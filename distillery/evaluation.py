@@ -34,9 +34,7 @@ def batches(model, tokenizer, encoded: datasets.Dataset, *, batch_size: int = 64
 def predict_logits(model, tokenizer, encoded: datasets.Dataset, *, batch_size: int = 64) -> np.ndarray:
     """Logits (N, num_labels) of `model` on an encoded dataset, in dataset order."""
     model.eval()
-    device = next(model.parameters()).device
-    precision.fast_attention(model, device)
-    with precision.autocast(device):
+    with precision.forwards(model):
         out = [model(**batch).logits.float().cpu().numpy() for batch in batches(model, tokenizer, encoded,
                                                                                   batch_size=batch_size)]
     return np.concatenate(out) if out else np.zeros((0, model.config.num_labels), dtype=np.float32)

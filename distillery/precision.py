@@ -11,7 +11,7 @@ at it, fp32 elsewhere.
 bf16 here is autocast (`torch.autocast`), never a cast of the model: weights, optimiser states and checkpoints stay
 fp32, matmuls and linear layers run in bf16, and the objectives' reductions run in fp32 (the distillation loop
 computes its loss terms outside autocast, on fp32 copies of what it captured; see `fp32`). The training loops get
-it through the Trainer's own ``bf16`` argument (`trainer_options`); inference paths open `autocast()`. On a CPU,
+it through the Trainer's own ``bf16`` argument (`trainer_options`); inference paths open `forwards()` (`autocast()` for a model). On a CPU,
 bf16 models run the eager attention (`fast_attention`): PyTorch's fused SDPA kernel is slow in bf16 there.
 
 The pipeline sets the switch once per stage (`use`); library code reads it with `current()`. A library caller who
@@ -119,12 +119,27 @@ def use(setting: str) -> Iterator[Precision]:
         _SETTING.reset(token)
 
 
+def _on(device: str | torch.device | None, precision: str | None) -> tuple[str, Precision]:
+    """(device type, precision): the given precision resolved on the device, else `current()` there."""
+    dev = device_type(device)
+    return dev, resolve(precision, dev) if precision is not None else current(dev)
+
+
 def autocast(device: str | torch.device | None = None, precision: str | None = None):
     """`torch.autocast` to bf16 when the precision (given, else `current()`) is bf16 on the device; a no-op
     context otherwise."""
-    dev = device_type(device)
-    chosen = precision if precision is not None else current(dev)
-    return torch.autocast(dev, dtype=torch.bfloat16, enabled=resolve(chosen, dev) == "bf16")
+    dev, chosen = _on(device, precision)
+    return torch.autocast(dev, dtype=torch.bfloat16, enabled=chosen == "bf16")
+
+
+def forwards(model: Any, device: str | torch.device | None = None):
+    """The context of `model`'s inference forwards at the precision in force: `model` set to the attention fast at
+    that precision (`fast_attention`), then `autocast()` on its device (`device`, else its parameters'; a CPU for
+    `model=None`, an exported model's inputs)."""
+    if model is not None:
+        device = device if device is not None else next(model.parameters()).device
+        fast_attention(model, device)
+    return autocast(device if device is not None else "cpu")
 
 
 def fast_attention(model: Any, device: str | torch.device | None = None, precision: str | None = None) -> Any:
@@ -133,9 +148,8 @@ def fast_attention(model: Any, device: str | torch.device | None = None, precisi
     of PyTorch's fused SDPA, whose CPU bf16 kernel is slow (a SQuAD step at 384 tokens: 2.3x faster than fp32 with
     eager attention, 1.4x with SDPA; `python -m benchmarks.precision`). The two compute the same attention; nothing
     is saved with the model (its config.json is unchanged). Other models, precisions and devices: unchanged."""
-    dev = device_type(device)
-    chosen = precision if precision is not None else current(dev)
-    if dev != "cpu" or resolve(chosen, dev) != "bf16":
+    dev, chosen = _on(device, precision)
+    if dev != "cpu" or chosen != "bf16":
         return model
     config = getattr(model, "config", None)
     if getattr(config, "_attn_implementation", None) == "sdpa" and hasattr(model, "set_attn_implementation"):
@@ -186,4 +200,4 @@ def describe(setting: str, device: str | torch.device | None = None) -> str:
 
 
 __all__ = ["CPU_FLAGS", "PrecisionError", "SETTINGS", "autocast", "bf16_supported", "cpu_bf16_flags", "current",
-           "describe", "fast_attention", "fp32", "fp32_region", "resolve", "trainer_options", "use", "why_not"]
+           "describe", "fast_attention", "forwards", "fp32", "fp32_region", "resolve", "trainer_options", "use", "why_not"]

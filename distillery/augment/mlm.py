@@ -224,9 +224,8 @@ class MaskedLM:
         order = sorted(range(len(copies)), key=lambda i: len(copies[i].input_ids))
         was_training = self.model.training
         self.model.eval()
-        precision.fast_attention(self.model, self.device)
         try:
-            with torch.inference_mode(), precision.autocast(self.device):
+            with torch.inference_mode(), precision.forwards(self.model, self.device):
                 for start in range(0, len(order), batch_size):
                     batch_idx = [i for i in order[start:start + batch_size] if copies[i].positions]
                     if not batch_idx:
@@ -255,8 +254,7 @@ class MaskedLM:
         top-K ids), with no candidate post-processing. Returns the number of masked positions."""
         order = sorted(range(len(copies)), key=lambda i: len(copies[i].input_ids))
         n = 0
-        precision.fast_attention(self.model, self.device)
-        with torch.inference_mode(), precision.autocast(self.device):
+        with torch.inference_mode(), precision.forwards(self.model, self.device):
             for start in range(0, len(order), batch_size):
                 batch = [copies[i] for i in order[start:start + batch_size] if copies[i].positions]
                 if not batch:

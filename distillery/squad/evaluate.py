@@ -71,15 +71,11 @@ def predict_span_logits(model, tokenizer, features, *, session=None, batch_size:
     (batch, 2, tokens) span logits, `distillery.efficiency.OnnxModel`; `model` may then be None)."""
     import torch
 
+    from distillery import precision
     from distillery.evaluation import batches
 
-    from distillery import precision
-
     rows = []
-    device = None if model is None else next(model.parameters()).device
-    if model is not None:
-        precision.fast_attention(model, device)
-    with torch.inference_mode(), precision.autocast(device):
+    with torch.inference_mode(), precision.forwards(model):
         for batch in batches(None if session is not None else model, tokenizer, features, batch_size=batch_size):
             if session is not None:
                 rows += list(np.asarray(session(**{k: v.numpy() for k, v in batch.items()})))

@@ -81,7 +81,6 @@ def compute_teacher_logits(
     was_training = teacher.training
     teacher.eval()
     device = torch.device(device) if device is not None else next(teacher.parameters()).device
-    precision.fast_attention(teacher, device)
     keys = [c for c in INPUT_COLUMNS if c in dataset.column_names]
     import inspect
 
@@ -91,9 +90,9 @@ def compute_teacher_logits(
     loader = DataLoader(dataset.select_columns(keys), batch_size=batch_size, shuffle=False, collate_fn=collate)
     out = []
     try:
-        for batch in tqdm(loader, desc="teacher logits", disable=not progress):
-            batch = {k: v.to(device) for k, v in batch.items() if k in accepted}
-            with precision.autocast(device):
+        with precision.forwards(teacher, device):
+            for batch in tqdm(loader, desc="teacher logits", disable=not progress):
+                batch = {k: v.to(device) for k, v in batch.items() if k in accepted}
                 out.append(teacher(**batch).logits.float().cpu())
     finally:
         teacher.train(was_training)
