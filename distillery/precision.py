@@ -163,10 +163,11 @@ def fp32_region(device: str | torch.device | None = None):
 
 
 def fp32(value: Any) -> Any:
-    """`value` with every floating tensor in it (dicts, lists, tuples, dataclass fields) as float32; other values
-    unchanged. Under autocast the captured features and logits are bf16: the losses read these copies."""
+    """`value` with every half-precision tensor in it (bf16, fp16; in dicts, lists, tuples) as float32; other values
+    unchanged (float64 stays float64). Under autocast the captured features and logits are bf16: the losses read
+    these copies."""
     if isinstance(value, torch.Tensor):
-        return value.float() if value.is_floating_point() and value.dtype != torch.float32 else value
+        return value.float() if value.dtype in (torch.bfloat16, torch.float16) else value
     if isinstance(value, dict):
         return {k: fp32(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

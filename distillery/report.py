@@ -162,12 +162,14 @@ def _header(tasks: list[str]) -> list[str]:
     return ["System", "#Params", "#FLOPs", "Speedup"] + [t.upper() for t in tasks] + ["Avg", "Retention"]
 
 
-def _intro(rows: list[dict[str, Any]]) -> str:
+def _intro(tasks: list[str], rows: list[dict[str, Any]]) -> str:
     text = ("Dev-set scores (x100), parameters, FLOPs per example and speedup over the teacher; "
             "retention = student average / teacher average.")
     if any(r["model"] == "trivial" for r in rows):
-        text += (" trivial: the majority class (a constant score for regression) of the training labels, the"
-                 " floor a teacher must beat.")
+        from distillery.task_kinds import task_kind
+
+        what = "; ".join(dict.fromkeys(task_kind(t).trivial_description for t in tasks))
+        text += f" trivial: the floor a teacher must beat: {what}."
     if any(r["model"].endswith("-direct") for r in rows):
         text += (" Rows ending in -direct: the student's architecture and initialisation trained on the gold"
                  " labels alone (no teacher), what the student would be without distillation.")
@@ -186,7 +188,7 @@ def render_markdown(tasks: list[str], rows: list[dict[str, Any]], notes: list[st
     table = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     table += ["| " + " | ".join(_cells(tasks, r)) + " |" for r in rows]
     items = "".join(f"- {line}\n" for line in lines)
-    return " ".join([_intro(rows), *notes]) + "\n\n" + (items + "\n" if items else "") + "\n".join(table) + "\n"
+    return " ".join([_intro(tasks, rows), *notes]) + "\n\n" + (items + "\n" if items else "") + "\n".join(table) + "\n"
 
 
 def render_html(tasks: list[str], rows: list[dict[str, Any]], images: list[str], notes: list[str] = (),
@@ -198,7 +200,7 @@ def render_html(tasks: list[str], rows: list[dict[str, Any]], images: list[str],
     return ("<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>distillery report</title>\n"
             "<style>table{border-collapse:collapse;font-family:sans-serif}td,th{border:1px solid #999;"
             "padding:4px 8px;text-align:right}td:first-child,th:first-child{text-align:left}</style></head><body>\n"
-            f"<h1>Students vs teacher</h1>\n<p>{html.escape(' '.join([_intro(rows), *notes]))}</p>\n"
+            f"<h1>Students vs teacher</h1>\n<p>{html.escape(' '.join([_intro(tasks, rows), *notes]))}</p>\n"
             + (f"<ul>\n{items}</ul>\n" if items else "") +
             f"<table><thead><tr>{th}</tr></thead><tbody>\n{body}</tbody></table>\n{imgs}</body></html>\n")
 

@@ -150,5 +150,9 @@ def test_trivial_and_direct_rows_explained_no_retention_without_a_student_entry(
     assert by_name["trivial"]["retention"] is None  # a floor, not a student
     assert by_name["tiny4-direct"]["retention"] == pytest.approx(0.8 / 0.9)
     md = render_markdown(tasks, rows, ["Dev scores on a random subset."])
-    assert "trivial: the majority class" in md and "Rows ending in -direct" in md
+    assert "trivial: the floor a teacher must beat: the majority class" in md and "Rows ending in -direct" in md
+    assert "SQuAD paper" not in md  # a GLUE table does not describe the span baseline
     assert md.splitlines()[0].endswith("Dev scores on a random subset.")
+    # a span task's trivial row is what it is: whole sentences by question overlap, this project's own floor
+    span = render_markdown(["sst2", "squad"], rows)
+    assert "the majority class" in span and "not a baseline of the SQuAD paper" in span

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Sequence, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 TensorOrList = Union[Tensor, Sequence[Tensor]]
@@ -91,3 +92,23 @@ def kl_rows_from_probs(t_p: Tensor, s_p: Tensor, key_valid: Tensor) -> Tensor:
     s_log = torch.log(torch.where(key_valid, s_p, one).clamp_min(tiny))
     zero = torch.zeros((), dtype=s_p.dtype, device=s_p.device)
     return torch.where(use, t_p * (t_log - s_log), zero).sum(-1)
+
+
+def real_classes(mask: Tensor, logits: Tensor, what: str) -> Tensor:
+    """``mask`` (True = a real class, broadcastable to ``logits``) as a bool tensor of the logits' shape; every row
+    needs one real class (span logits: [CLS] is always real)."""
+    try:
+        real = (mask != 0).to(logits.device).expand_as(logits)
+    except RuntimeError:
+        raise ValueError(f"{what}: mask shape {tuple(mask.shape)} does not broadcast to logits {tuple(logits.shape)}") \
+            from None
+    if not bool(real.any(-1).all()):
+        raise ValueError(f"{what}: a row of the mask has no real class")
+    return real
+
+
+def masked_log_softmax(logits: Tensor, real: Tensor) -> Tensor:
+    """log-softmax over the real classes of each row (``real``: bool, the logits' shape); 0 at the others, so a
+    product with a probability that is 0 there stays 0 (no -inf * 0) and no gradient reaches them."""
+    logp = F.log_softmax(logits.masked_fill(~real, float("-inf")), dim=-1)
+    return torch.where(real, logp, torch.zeros((), dtype=logp.dtype, device=logp.device))

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from distillery.objectives._common import masked_log_softmax, real_classes
 from distillery.objectives.registry import Batch, register
 
 __all__ = ["hard_label_loss", "patient_loss"]
@@ -47,12 +48,19 @@ def patient_loss(student_cls: Sequence[Tensor], teacher_cls: Sequence[Tensor],
     return squared.sum(dim=(1, 2)).mean()
 
 
-def hard_label_loss(logits: Tensor, labels: Tensor) -> Tensor:
+def hard_label_loss(logits: Tensor, labels: Tensor, mask: Tensor | None = None) -> Tensor:
     """L_CE: cross-entropy with the gold labels (MSE with the gold score for a one-output head). Span logits
     (B, 2, tokens) with (B, 2) gold positions: the mean of the start and the end cross-entropy, as a
-    `*ForQuestionAnswering` model's own loss."""
+    `*ForQuestionAnswering` model's own loss, with ``mask`` (True = a real token, broadcastable to the logits) over
+    the real tokens only (padding out of the softmax)."""
     if logits.shape[-1] == 1:
         return F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype))
+    if mask is not None:
+        real = real_classes(mask, logits, "hard_label_loss")
+        if not bool(real.gather(-1, labels.unsqueeze(-1).to(real.device)).all()):
+            raise ValueError("hard_label_loss: a gold position is a padded token")
+        logp = masked_log_softmax(logits, real)
+        return F.nll_loss(logp.reshape(-1, logits.shape[-1]), labels.reshape(-1))
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
@@ -68,4 +76,4 @@ def _patient(b: Batch) -> Tensor:
 def _hard_label(b: Batch) -> Tensor:
     if b.labels is None:
         raise ValueError("hard_label_loss needs the gold labels of the batch")
-    return hard_label_loss(b.student_logits, b.labels)
+    return hard_label_loss(b.student_logits, b.labels, b.logit_mask)

@@ -67,7 +67,8 @@ class LossOptions:
 class Batch:
     """What a term's ``compute`` reads: the captured internals of both models (``distillery.capture.Captured``;
     ``teacher`` is None when no term needed a teacher forward), their logits (``student_logits`` is the MLM head's for
-    a pre-training model), the batch's mask and labels, the layer map, the options and TinyBERT's projection."""
+    a pre-training model), the batch's mask and labels, the layer map, the options, TinyBERT's projection, and which
+    logit positions are real (``logit_mask``, span logits)."""
 
     student: Any
     teacher: Any
@@ -80,6 +81,9 @@ class Batch:
     nsp_logits: Tensor | None = None
     nsp_labels: Tensor | None = None
     projection: Any = None
+    #: bool, broadcastable to the logits: True where the last axis holds a real class. Span logits (B, 2, T): the
+    #: batch's real tokens, (B, 1, T), so padding is out of every softmax over positions; None: every class is real.
+    logit_mask: Tensor | None = None
 
     def pairs(self, group: Group) -> list[tuple[int, int]]:
         return group_pairs(self.layer_map, group)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._common import TensorOrList, as_pairs, check_heads, per_sequence_mean, token_mask
+from ._common import TensorOrList, as_pairs, check_heads, masked_log_softmax, per_sequence_mean, real_classes, token_mask
 from .registry import Batch, LossOptions, ObjectiveConfigError, register
 
 #: Additive padding mask value of the official code, and the threshold below which scores are zeroed.
@@ -201,15 +201,21 @@ def prediction_loss(
     *,
     reduction: Literal["paper", "official"] = "paper",
     scale_by_t2: bool = False,
+    mask: Tensor | None = None,
 ) -> Tensor:
     """TinyBERT prediction loss, eq. 10: soft cross-entropy ``-sum_c softmax(z^T/t)_c log softmax(z^S/t)_c``.
 
-    ``reduction="paper"``: sum over classes, mean over the batch (the usual CE).
-    ``reduction="official"``: mean over batch AND classes, as the official code (1/C of the paper's
+    ``reduction="paper"``: sum over classes, mean over the rows (the usual CE).
+    ``reduction="official"``: mean over rows AND classes, as the official code (1/C of the paper's
     value; same optimum, gradients scaled by 1/C).
     No T^2 factor by default (neither the paper nor the official code has one; T = 1 there);
     ``scale_by_t2=True`` multiplies by t^2 (Hinton et al.) to keep gradient scale when t != 1.
     Logits may be (B, C) or (..., C); the class axis is last.
+
+    ``mask`` (bool, broadcastable to the logits; True = a real class): the classes of a row are its real ones only.
+    Span logits (B, 2, T) give the batch's real tokens, so a padded position is out of both softmaxes (the teacher's
+    and the student's) and an example's loss does not depend on how far its batch was padded; ``"official"`` then
+    divides each row by its own number of real positions.
     """
     if temperature <= 0:
         raise ValueError(f"prediction_loss: temperature must be > 0, got {temperature}")
@@ -217,14 +223,18 @@ def prediction_loss(
         raise ValueError(
             f"prediction_loss: student logits {tuple(student_logits.shape)} != teacher logits {tuple(teacher_logits.shape)}"
         )
-    t = teacher_logits.detach().to(student_logits.dtype)
-    ce = -(F.softmax(t / temperature, dim=-1) * F.log_softmax(student_logits / temperature, dim=-1))
-    if reduction == "paper":
-        loss = ce.sum(-1).mean()
-    elif reduction == "official":
-        loss = ce.mean()
-    else:
+    if reduction not in ("paper", "official"):
         raise ValueError(f"prediction_loss: unknown reduction {reduction!r}; expected 'paper' or 'official'")
+    t = teacher_logits.detach().to(student_logits.dtype) / temperature
+    s = student_logits / temperature
+    if mask is None:
+        ce = -(F.softmax(t, dim=-1) * F.log_softmax(s, dim=-1))
+        loss = ce.sum(-1).mean() if reduction == "paper" else ce.mean()
+    else:
+        real = real_classes(mask, s, "prediction_loss")
+        ce = -(F.softmax(t.masked_fill(~real, float("-inf")), dim=-1) * masked_log_softmax(s, real))
+        per_row = ce.sum(-1) if reduction == "paper" else ce.sum(-1) / real.sum(-1)
+        loss = per_row.mean()
     return loss * temperature**2 if scale_by_t2 else loss
 
 
@@ -272,7 +282,7 @@ def _prediction_term(batch: Batch) -> Tensor:
     if batch.teacher_logits is None:
         raise ValueError("prediction_loss needs teacher logits (teacher forward or a teacher_logits column)")
     return prediction_loss(batch.student_logits, batch.teacher_logits, batch.options.temperature,
-                           reduction=batch.options.prediction_reduction)
+                           reduction=batch.options.prediction_reduction, mask=batch.logit_mask)
 
 
 @register("regression_prediction_loss", stages=("prediction",), teacher_logits=lambda o, s: o.regression_target != "gold",

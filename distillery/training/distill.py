@@ -169,7 +169,7 @@ class Distiller(nn.Module):
                 attention_mask=attention_mask, labels=labels, student_logits=fp32(_logits(s_out)),
                 teacher_logits=fp32(teacher_logits if teacher_logits is not None else _logits(teacher_out)),
                 nsp_logits=fp32(getattr(s_out, "seq_relationship_logits", None)), nsp_labels=next_sentence_label,
-                projection=self.projection,
+                projection=self.projection, logit_mask=_span_mask(s_out, attention_mask),
             )
             terms = {name: TERMS[name].compute(batch) for name in self.active}
         return DistillerOutput(loss=self.spec.objectives.combine(terms), logits=batch.student_logits, terms=terms)
@@ -186,6 +186,14 @@ def _logits(output) -> Tensor | None:
     if logits is None and getattr(output, "start_logits", None) is not None:
         logits = torch.stack([output.start_logits, output.end_logits], dim=1)
     return logits if logits is not None else getattr(output, "logits", None)
+
+
+def _span_mask(output, attention_mask: Tensor | None) -> Tensor | None:
+    """(B, 1, tokens) real tokens of a `*ForQuestionAnswering` output (its stacked span logits' positions), so that
+    padding is out of every softmax over positions; None for other outputs or no mask."""
+    if attention_mask is None or getattr(output, "start_logits", None) is None:
+        return None
+    return (attention_mask != 0)[:, None, :]
 
 
 def _tied_keys(module: nn.Module) -> list[str]:
