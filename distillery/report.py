@@ -108,6 +108,8 @@ def build_rows(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], *, latenc
                     row[key] = metrics[key]
             if "retention" in metrics:
                 row["is_student"] = True
+            if isinstance(gain := metrics.get("gain_over_direct"), (int, float)) and gain <= 0:
+                row.setdefault("below_direct", []).append(task)  # distillation bought nothing here
     if teacher is None:
         candidates = [n for n, r in models.items() if not r["is_student"]]
         teacher = candidates[0] if candidates else None
@@ -152,6 +154,8 @@ def _count(x: Any, unit: float, suffix: str) -> str:
 
 def _cells(tasks: list[str], row: dict[str, Any]) -> list[str]:
     name = row["model"] + (" (teacher)" if row["is_teacher"] else "")
+    if row.get("below_direct"):
+        name += f" (not above direct: {', '.join(row['below_direct'])})"
     speed = "-" if row["speedup"] is None else f"{row['speedup']:.1f}x"
     return ([name, _count(row.get("params"), 1e6, "M"), _count(row.get("flops"), 1e9, "B"), speed]
             + [_pct(row["scores"].get(t)) for t in tasks] + [_pct(row["avg"]),
@@ -173,6 +177,9 @@ def _intro(tasks: list[str], rows: list[dict[str, Any]]) -> str:
     if any(r["model"].endswith("-direct") for r in rows):
         text += (" Rows ending in -direct: the student's architecture and initialisation trained on the gold"
                  " labels alone (no teacher), what the student would be without distillation.")
+    if any(r.get("below_direct") for r in rows):
+        text += (" A student marked 'not above direct' does not beat its direct baseline on those tasks: the registry"
+                 " never makes it champion.")
     if any(r["model"].endswith("-int8") for r in rows):
         text += " Rows ending in -int8: the student above, exported to ONNX with int8 dynamic quantisation."
     if any(r["model"].endswith("-bf16") for r in rows):

@@ -9,8 +9,9 @@
   `tasks/pyfunc_classifier.py` (labels with the task's names, the raw score for STS-B, both sentences for pair
   tasks); for a span task (SQuAD) `tasks/pyfunc_reader.py` ({question, context} -> {answer, score, start, end}), with
   the library's `distillery` package as its code (its SQuAD windows and answer extraction).
-- Every new version gets the alias `candidate`; `champion` moves to it only when its main dev score beats the
-  current champion's by more than `registry.promote_margin`. Otherwise the run says why it did not promote
+- Every new version gets the alias `candidate`; `champion` moves to it only when its main dev score beats its direct
+  baseline's (the same student trained without the teacher) and the current champion's by more than
+  `registry.promote_margin`. Otherwise the run says why it did not promote
   (printed, tagged on the version and the MLflow run, and written to `metrics/registry/<student>-<task>.json`).
 """
 
@@ -95,6 +96,8 @@ def version_metrics(p: Params, student: str, task: str) -> dict[str, Any]:
     names = task_kind(task).metric_names
     out: dict[str, Any] = {f"dev.{m}": row[m] for m in names if isinstance(row.get(m), (int, float))}
     out["dev.main"] = row["main"]
+    if isinstance((direct := results.get(f"{student}-direct", {})).get("main"), (int, float)):
+        out["direct.dev.main"] = direct["main"]  # the same student trained without the teacher
     if teacher.get("main") is not None:
         out["teacher.dev.main"] = teacher["main"]
         if (kept := retention(row["main"], teacher["main"])) is not None:
@@ -108,9 +111,14 @@ def version_metrics(p: Params, student: str, task: str) -> dict[str, Any]:
     return out
 
 
-def promotion(main: float, champion_main: float | None, champion_version: str | None, margin: float) -> tuple[bool, str]:
-    """(promote?, why): `champion` moves only to a candidate whose main dev score beats the champion's by more
-    than `margin` (a tie keeps the champion)."""
+def promotion(main: float, champion_main: float | None, champion_version: str | None, margin: float,
+              direct_main: float | None = None) -> tuple[bool, str]:
+    """(promote?, why): `champion` never moves to a candidate that does not beat its direct baseline (the same
+    student trained without the teacher: distillation bought nothing), and otherwise only to one whose main dev
+    score beats the champion's by more than `margin` (a tie keeps the champion)."""
+    if direct_main is not None and main <= direct_main:
+        return False, (f"not promoted: dev main {main:.4f} does not beat its direct baseline {direct_main:.4f} (the "
+                       "same student without distillation); it stays the candidate")
     if champion_version is None:
         return True, "no champion yet: the first version becomes champion"
     if champion_main is None:
@@ -315,7 +323,7 @@ def run_register(p: Params, item: str) -> dict[str, Any]:
     if champion is not None and champion.tags.get("dev.main") is not None:
         champion_main = float(champion.tags["dev.main"])
     promote, why = promotion(metrics["dev.main"], champion_main, None if champion is None else champion.version,
-                             p.registry.promote_margin)
+                             p.registry.promote_margin, metrics.get("direct.dev.main"))
     tags.update({"promoted": str(promote).lower(), "promotion": why})
     for key, value in tags.items():
         client.set_model_version_tag(name, version, key, value)
@@ -328,12 +336,12 @@ def run_register(p: Params, item: str) -> dict[str, Any]:
         mlflow.set_tags({"registered_version": version, "promotion": why})
     say(f"register {name} version {version}: {why}")
 
-    champion_version = version if promote else champion.version
+    champion_version = version if promote else (champion.version if champion is not None else None)
     alias = CHAMPION if promote else CANDIDATE
     record = {"name": name, "version": int(version), "alias": alias,
               "aliases": [CANDIDATE, CHAMPION] if promote else [CANDIDATE],
               "uri": f"models:/{name}@{alias}", "version_uri": f"models:/{name}/{version}",
-              "promoted": promote, "reason": why, "champion_version": int(champion_version),
+              "promoted": promote, "reason": why, "champion_version": None if champion_version is None else int(champion_version),
               "champion_uri": f"models:/{name}@{CHAMPION}", "metrics": metrics,
               "run_id": mlflow.active_run().info.run_id if mlflow.active_run() else None}
     write_json(paths.registry(student, task), record)

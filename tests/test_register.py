@@ -74,7 +74,7 @@ def project(tmp_path_factory):
     mp.undo()
 
 
-def write_eval(task: str, main: float) -> None:
+def write_eval(task: str, main: float, direct: float | None = None) -> None:
     from tasks import paths
 
     metric = {"mrpc": {"accuracy": main, "f1": main}, "stsb": {"pearson": main, "spearman": main}}[task]
@@ -83,16 +83,17 @@ def write_eval(task: str, main: float) -> None:
         "teacher": {"main": 0.9, "params": 1000},
         "tiny": {**metric, "main": main, "params": 100, "flops": 1000, "int8_main_change": -0.01,
                  "latency_ms_b1": 1.5, "speedup_b1": 3.0},
+        **({"tiny-direct": {**metric, "main": direct, "baseline_of": "tiny"}} if direct is not None else {}),
     }))
 
 
-def register(task: str, main: float, margin: float = 0.0) -> dict:
+def register(task: str, main: float, margin: float = 0.0, direct: float | None = None) -> dict:
     import mlflow
 
     from tasks import paths
     from tasks.register import run_register
 
-    write_eval(task, main)
+    write_eval(task, main, direct)
     with mlflow.start_run():
         run_register(params(margin), f"tiny:{task}")
     return json.loads(paths.registry("tiny", task).read_text())
@@ -200,3 +201,37 @@ def test_a_squad_v2_reader_answers_with_its_dev_tuned_null_threshold(project, th
         assert (answer["answer"], answer["start"], answer["end"]) == ("", 0, 0)
     else:
         assert answer["answer"] and context[answer["start"]:answer["end"]] == answer["answer"]
+
+
+def test_a_student_that_loses_to_its_direct_baseline_is_never_champion(project, capsys):
+    """Better than every champion so far, but not better than the same student trained without the teacher: it is
+    registered (a candidate, tagged with why) and never gets `champion`."""
+    import mlflow
+
+    from tasks.register import promotion
+
+    assert promotion(0.8, None, None, 0.0, direct_main=0.8) == (
+        False, "not promoted: dev main 0.8000 does not beat its direct baseline 0.8000 (the same student without "
+               "distillation); it stays the candidate")
+    assert promotion(0.81, None, None, 0.0, direct_main=0.8)[0]
+    before = aliases("tiny-stsb").get("champion") if _registered("tiny-stsb") else None
+    loser = register("stsb", 0.9990, direct=0.9995)
+    assert not loser["promoted"] and loser["alias"] == "candidate"
+    assert "does not beat its direct baseline 0.9995" in loser["reason"] in capsys.readouterr().out
+    assert (aliases("tiny-stsb").get("champion") if before else None) == before
+    version = mlflow.MlflowClient().get_model_version("tiny-stsb", str(loser["version"]))
+    assert version.tags["promoted"] == "false" and "direct baseline" in version.tags["promotion"]
+    assert version.tags["direct.dev.main"] == "0.9995"
+    winner = register("stsb", 0.9999, direct=0.9995)
+    assert winner["promoted"] and aliases("tiny-stsb")["champion"] == str(winner["version"])
+
+
+def _registered(name: str) -> bool:
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mlflow.MlflowClient().get_registered_model(name)
+    except MlflowException:
+        return False
+    return True

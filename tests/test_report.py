@@ -153,6 +153,10 @@ def test_trivial_and_direct_rows_explained_no_retention_without_a_student_entry(
     assert "trivial: the floor a teacher must beat: the majority class" in md and "Rows ending in -direct" in md
     assert "SQuAD paper" not in md  # a GLUE table does not describe the span baseline
     assert md.splitlines()[0].endswith("Dev scores on a random subset.")
+    assert "not above direct" not in md
+    summary["sst2"]["tiny4"]["gain_over_direct"] = -0.01  # loses to its direct baseline: the row says so
+    marked = render_markdown(*build_rows(summary, teacher="teacher"))
+    assert "| tiny4 (not above direct: sst2) |" in marked and "never makes it champion" in marked
     # a span task's trivial row is what it is: whole sentences by question overlap, this project's own floor
     span = render_markdown(["sst2", "squad"], rows)
     assert "the majority class" in span and "not a baseline of the SQuAD paper" in span
