@@ -48,8 +48,77 @@ class TrainSection(Section):
     checkpoint_steps: int | None = Field(None, ge=1)
 
 
+#: formats of a task of your own, by file extension (.json is JSON Lines, as .jsonl)
+CUSTOM_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
+#: main scores of a task of your own: classification (f1: binary, of the second label) and regression
+CLASSIFICATION_METRICS = ("accuracy", "macro_f1", "f1", "mcc")
+REGRESSION_METRICS = ("pearson", "spearman", "pearson_spearman")
+CUSTOM_SPLITS = ("train", "validation", "test")
+
+
+class CustomTaskSection(Section):
+    """A labelled dataset of your own (`distillery.custom_tasks`): files (`train`, `validation`, optional `test`) or a
+    Hub dataset (`hub`, `config`, `splits`: our split -> the Hub's), the columns of the text (and `text_pair`) and
+    of the label, the task `type`, the label order and the main score."""
+
+    train: str | None = None
+    validation: str | None = None
+    test: str | None = None
+    hub: str | None = None
+    config: str | None = None
+    splits: dict[str, str] = Field(default_factory=lambda: {"train": "train", "validation": "validation"})
+    text: str = Field(min_length=1)
+    text_pair: str | None = None
+    label: str = Field(min_length=1)
+    type: Literal["classification", "regression"] = "classification"
+    labels: list[str] | None = None
+    metric: Literal["accuracy", "macro_f1", "f1", "mcc", "pearson", "spearman", "pearson_spearman"] | None = None
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _labels_as_text(cls, v: Any) -> Any:
+        return [str(x) if isinstance(x, (int, bool)) else x for x in v] if isinstance(v, list) else v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "CustomTaskSection":
+        files = {k: getattr(self, k) for k in CUSTOM_SPLITS if getattr(self, k) is not None}
+        if self.hub and files:
+            raise ValueError(f"give files ({', '.join(files)}) or `hub`, not both")
+        if not self.hub:
+            if self.train is None or self.validation is None:
+                raise ValueError("needs `train` and `validation` files (or a Hub dataset: `hub`)")
+            for key, path in files.items():
+                if Path(path).suffix.lower() not in CUSTOM_FORMATS:
+                    raise ValueError(f"{key}: {path!r}: unknown extension; use one of {', '.join(CUSTOM_FORMATS)}")
+        else:
+            bad = [k for k in self.splits if k not in CUSTOM_SPLITS]
+            if bad or "train" not in self.splits or "validation" not in self.splits:
+                raise ValueError(f"splits: {self.splits}: map train and validation (and optionally test) to the Hub "
+                                 f"dataset's split names; unknown: {bad}" if bad else
+                                 f"splits: {self.splits}: map both train and validation to the Hub dataset's splits")
+        if self.text_pair is not None and self.text_pair == self.text:
+            raise ValueError("text_pair names the same column as text")
+        allowed = CLASSIFICATION_METRICS if self.type == "classification" else REGRESSION_METRICS
+        if self.metric is not None and self.metric not in allowed:
+            raise ValueError(f"metric: {self.metric!r} is not a {self.type} score; use one of {', '.join(allowed)}")
+        if self.labels is not None:
+            if self.type == "regression":
+                raise ValueError("labels: a regression task has no label list")
+            if len(self.labels) < 2 or len(set(self.labels)) != len(self.labels):
+                raise ValueError(f"labels: {self.labels}: give at least two distinct labels")
+            if self.metric == "f1" and len(self.labels) != 2:
+                raise ValueError(f"metric: f1 is the binary F1; this task has {len(self.labels)} labels (use macro_f1)")
+        return self
+
+    @property
+    def main_metric(self) -> str:
+        return self.metric or ("accuracy" if self.type == "classification" else "pearson_spearman")
+
+
 class DataSection(Section):
     source: Literal["demo", "local", "hub"] = "demo"
+    # tasks of your own, by name (listed in `tasks` like a GLUE task); before `tasks`, which reads it
+    custom: dict[str, CustomTaskSection] = Field(default_factory=dict)
     tasks: list[str] = Field(default_factory=lambda: ["demo"], min_length=1)
     glue_dir: str | None = None
     # source local, task squad: one official SQuAD JSON file split by article (distillery.squad.split_by_article),
@@ -80,8 +149,9 @@ class DataSection(Section):
 
         source = info.data.get("source", "demo")
         known = TASKS_BY_SOURCE.get(source, TRAINABLE_GLUE_TASKS)
+        custom = info.data.get("custom") or {}
         for name in v:
-            if name in known:
+            if name in known or name in custom:
                 continue
             hint = ""
             try:
@@ -94,14 +164,35 @@ class DataSection(Section):
                 hint = (" (the demo source generates only 'demo'; set data.source to local or hub for GLUE tasks)"
                         if source == "demo" else " (MNLI-mm and AX are evaluated with the mnli model: list 'mnli')"
                         if name in ("mnli-mm", "ax") else " (a generated task: data.source demo or local)")
-            raise ValueError(f"unknown task {name!r} for source {source!r}{hint}; known: {', '.join(known)}")
+            raise ValueError(f"unknown task {name!r} for source {source!r}{hint}; known: {', '.join(known)}"
+                             + (f"; your own (data.custom): {', '.join(custom)}" if custom else
+                                "; a task of your own is described under data.custom"))
         if len(set(v)) != len(v):
             raise ValueError(f"a task is listed twice: {v}")
         return v
 
+    @field_validator("custom")
+    @classmethod
+    def _custom_names(cls, v: dict[str, CustomTaskSection]) -> dict[str, CustomTaskSection]:
+        """A task of your own becomes a path component (data/tasks/<name>) and a registry name: lower-case letters,
+        digits, - and _, and not a registry task's name."""
+        import re
+
+        from distillery.glue.tasks import _ALIASES, TASKS
+        from distillery.task_kinds import SPAN_TASKS
+
+        for name in v:
+            if not re.fullmatch(r"[a-z][a-z0-9_-]{0,63}", name):
+                raise ValueError(f"{name!r}: a task name is lower-case letters, digits, - and _ (starting with a "
+                                 "letter; not a path)")
+            if name in TASKS or name in _ALIASES or name in SPAN_TASKS:
+                raise ValueError(f"{name!r} is the name of a registry task; give your own task another name")
+        return v
+
     @model_validator(mode="after")
     def _dir_for_local(self) -> "DataSection":
-        if self.source == "local" and not self.glue_dir and any(t != "squad" for t in self.tasks):
+        if self.source == "local" and not self.glue_dir and any(t != "squad" and t not in self.custom
+                                                                for t in self.tasks):
             raise ValueError("source 'local' needs `glue_dir`")
         if self.source == "local" and "squad" in self.tasks and not self.squad_file:
             raise ValueError("source 'local' with task 'squad' needs `squad_file` (e.g. dev-v1.1.json)")
@@ -416,8 +507,9 @@ def _format_error(path: str, exc: ValidationError, prefix: str = "") -> str:
     return "\n".join(lines)
 
 
-def parse_params(data: dict[str, Any], path: str = "params.yaml") -> Params:
-    """Validate the schema (types, ranges, names); no file is read."""
+def parse_params(data: dict[str, Any], path: str = "params.yaml", root: Path | None = None) -> Params:
+    """Validate the schema (types, ranges, names); no file is read. The tasks of your own (``data.custom``) join the
+    task registry, their paths relative to `root` (default: the project the params file is in)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     try:
@@ -434,6 +526,10 @@ def parse_params(data: dict[str, Any], path: str = "params.yaml") -> Params:
         problem = _uneven_batches(q.distributed.nproc_per_node, dict(q))
         if problem:
             raise ConfigError(f"{path}: per_task.{task}: {problem}")
+    if p.data.custom:
+        from distillery import custom_tasks
+
+        custom_tasks.register(p.data.custom, _root(path, root))
     return p
 
 
@@ -593,7 +689,7 @@ def check_inputs(p: Params, path: str = "params.yaml", root: Path | None = None)
         if not glue_dir.is_dir():
             raise ConfigError(f"{path}: data.glue_dir: directory {glue_dir} not found (the GLUE download layout: "
                               "<glue_dir>/SST-2/train.tsv, ...)")
-        for task in [t for t in p.data.tasks if t != "squad"]:
+        for task in [t for t in p.data.tasks if t != "squad" and t not in p.data.custom]:
             for name in tasks_evaluated_with(task):
                 spec = get_task(name)
                 needed = [f for s, f in spec.files.items() if s in ("train", "dev")]
@@ -601,6 +697,10 @@ def check_inputs(p: Params, path: str = "params.yaml", root: Path | None = None)
                 if not (glue_dir / spec.dirname).is_dir() or missing:
                     raise ConfigError(f"{path}: data.tasks: {name} needs {glue_dir / spec.dirname}/ with "
                                       f"{', '.join(needed) or 'its files'} (missing: {', '.join(missing) or 'the directory'})")
+    for name, own in p.data.custom.items():
+        for split in CUSTOM_SPLITS:
+            if getattr(own, split) is not None:
+                _check_file(getattr(own, split), root, f"data.custom.{name}.{split}", path)
     if p.corpus.source == "files":
         for i, entry in enumerate(p.corpus.paths):
             local = _check_file(entry, root, f"corpus.paths[{i}]", path, directory_ok=True)
@@ -635,6 +735,10 @@ def load_params(path: str | Path = "params.yaml", *, check: bool = True, inputs:
     if not path.is_file():
         raise ConfigError(f"{path}: params file not found")
     p = _parsed(str(path), path.read_bytes(), check, None if root is None else str(root))
+    if p.data.custom:  # parsed once per process, registered at every load (another params file may share a name)
+        from distillery import custom_tasks
+
+        custom_tasks.register(p.data.custom, _root(str(path), root))
     if inputs:
         check_inputs(p, str(path), root)
     return p
@@ -646,7 +750,7 @@ def _parsed(path: str, text: bytes, check: bool, root: str | None) -> Params:
         data = yaml.safe_load(text.decode("utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    p = parse_params(data, path)
+    p = parse_params(data, path, None if root is None else Path(root))
     if check:
         check_params(p, path, None if root is None else Path(root))
     return p

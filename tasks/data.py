@@ -51,6 +51,10 @@ def run_prepare_task(p: Params, task: str) -> dict[str, Any]:
 
     if is_span(task):
         dsd = _load_span(p, task)
+    elif task in p.data.custom:
+        from distillery import custom_tasks
+
+        dsd = custom_tasks.load(task, p.data.custom[task], paths.ROOT)
     elif p.data.source == "demo":
         raw = paths.raw_task(task)
         demo.make_demo_task(raw / task, n_train=p.data.demo_train, n_dev=p.data.demo_dev,
@@ -132,13 +136,24 @@ def vectors_path(p: Params) -> Path:
     return paths.word_vectors() if p.word_vectors.source == "corpus" else resolve(p.word_vectors.path)
 
 
+def _task_inputs(p: Params, task: str) -> list[Path]:
+    """The files a task is prepared from (a changed file is a changed input); none for the Hub and the demo."""
+    if task in p.data.custom:
+        from distillery import custom_tasks
+
+        return custom_tasks.inputs(p.data.custom[task], paths.ROOT)
+    if p.data.source != "local":
+        return []
+    return [resolve(p.data.squad_file) if task == "squad" else _local_task_dir(p, task)]
+
+
 PREPARE_TASK = Stage(
     "prepare_task", run_prepare_task,
-    deps=lambda p, t: [] if p.data.source != "local" else [resolve(p.data.squad_file) if t == "squad"
-                                                           else _local_task_dir(p, t)],
+    deps=_task_inputs,
     outs=lambda p, t: [paths.task_data(t)],
     params=lambda p, t: {"seed": p.seed, "data": p.data.model_dump(mode="json")},
-    code=("distillery/glue", "distillery/squad/data.py", "distillery/demo.py", "tasks/data.py"),
+    code=("distillery/glue", "distillery/squad/data.py", "distillery/demo.py", "distillery/custom_tasks.py",
+          "tasks/data.py"),
 )
 PREPARE_CORPUS = Stage(
     "prepare_corpus", run_prepare_corpus,

@@ -89,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     from distillery.io import write_json
     from distillery.training.distributed import is_main, start
 
-    p = parse_params(json.loads(Path(args.params).read_text(encoding="utf-8")), args.params)
+    from tasks import paths
+
+    p = parse_params(json.loads(Path(args.params).read_text(encoding="utf-8")), args.params, paths.ROOT)
     module, name = args.target.split(":")
     run = getattr(importlib.import_module(module), name)
     start(None if p.distributed.backend == "auto" else p.distributed.backend)

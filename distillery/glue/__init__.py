@@ -20,12 +20,20 @@ from distillery.glue.submission import (
     write_submission,
     zip_submission,
 )
-from distillery.glue.tasks import GLUE_TASKS, TASKS, TaskSpec, UnknownTaskError, get_task, tasks_evaluated_with
+from distillery.glue.tasks import (
+    GLUE_TASKS,
+    TASKS,
+    TaskSpec,
+    UnknownTaskError,
+    get_task,
+    register_task,
+    tasks_evaluated_with,
+)
 
 __all__ = [
     "GLUE_TASKS", "GLUE_TEST_ROWS", "TASKS", "UNLABELED", "GlueFileError", "TaskSpec", "UnknownTaskError",
     "available_splits", "check_submission", "compute_metrics", "encode", "format_predictions", "get_task",
-    "glue_stats", "load_hub", "load_local", "load_split_file", "main_score", "split_stats",
+    "glue_stats", "load_hub", "load_local", "load_split_file", "main_score", "register_task", "split_stats",
     "submission_filename", "task_dir", "tasks_evaluated_with", "trivial_baseline", "trivial_predictions",
     "write_submission", "zip_submission",
 ]

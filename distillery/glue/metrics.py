@@ -1,6 +1,7 @@
 """GLUE metrics (Wang et al., 2019, Table 1) with scikit-learn / scipy, and the model-selection score.
 
-accuracy = mean(pred == gold); f1 = binary F1 with positive label 1 (MRPC, QQP);
+accuracy = mean(pred == gold); f1 = binary F1 with positive label 1 (MRPC, QQP); macro_f1 = the mean of the
+per-class F1 (a task of your own);
 mcc = Matthews correlation (CoLA); pearson / spearman = correlation of predicted and gold scores (STS-B).
 
 `main_score` is the single number used to select checkpoints on dev:
@@ -80,6 +81,8 @@ def compute_metrics(task: str | TaskSpec, predictions, labels) -> dict[str, floa
             out[name] = float(accuracy_score(y, p))
         elif name == "f1":
             out[name] = float(f1_score(y, p, pos_label=1, average="binary", zero_division=0))
+        elif name == "macro_f1":  # the unweighted mean of the per-class F1, over every label of the task
+            out[name] = float(f1_score(y, p, labels=list(range(spec.num_labels)), average="macro", zero_division=0))
         elif name == "mcc":
             out[name] = float(matthews_corrcoef(y, p))
         elif name == "pearson":

@@ -46,7 +46,7 @@ def format_predictions(task: str | TaskSpec, predictions) -> list[str]:
     if spec.is_regression:
         if not np.all(np.isfinite(p)):
             raise ValueError(f"{spec.name}: non-finite score predictions")
-        return [f"{v:.3f}" for v in np.clip(p, 0.0, 5.0)]
+        return [f"{v:.3f}" for v in (np.clip(p, *spec.score_range) if spec.score_range else p)]
     if np.any(p < 0) or np.any(p >= spec.num_labels):
         raise ValueError(f"{spec.name}: class ids outside 0..{spec.num_labels - 1}")
     return [spec.labels[int(i)] for i in p]

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
-from typing import Mapping
+from typing import Callable, Mapping
 
 from distillery.errors import UserError
 
@@ -70,6 +70,8 @@ class TaskSpec:
     hub_splits: Mapping[str, str] = field(default_factory=dict)
     hub_text_columns: tuple[str, ...] = ()
     hub_label_names: tuple[str, ...] = ()
+    #: the range a regression score is clipped to in prediction files (STS-B: [0, 5]); None: not clipped
+    score_range: tuple[float, float] | None = None
 
     @property
     def is_regression(self) -> bool:
@@ -131,7 +133,7 @@ _SPECS = [
           text_columns=_PAIR, label_column="score", labels=(),
           metrics=("pearson", "spearman"), main_metric="pearson_spearman",
           submission_file="STS-B.tsv", hub_config="stsb", hub_splits=_STD_HUB,
-          hub_text_columns=_PAIR),
+          hub_text_columns=_PAIR, score_range=(0.0, 5.0)),
     _spec(name="qqp", glue_name="QQP", dirname="QQP", files=_STD_FILES,
           text_columns=("question1", "question2"), label_column="is_duplicate", labels=BINARY,
           metrics=("accuracy", "f1"), main_metric="f1_accuracy", submission_file="QQP.tsv",
@@ -190,16 +192,34 @@ _ALIASES = {"sst-2": "sst2", "sts-b": "stsb", "mnli-m": "mnli", "mnli_matched": 
             "demo_pair": "demo-pair"}
 
 
+#: tasks of the user's own (``data.custom`` in params, `distillery.custom_tasks`): name -> its spec, or a function
+#: that makes it on first use (its labels may have to be read from the training split)
+_CUSTOM: dict[str, TaskSpec | Callable[[], TaskSpec]] = {}
+
+
+def register_task(name: str, spec: TaskSpec | Callable[[], TaskSpec]) -> None:
+    """Make `name` a task of the registry: a `TaskSpec`, or a function returning it (called once, when the task is
+    first asked for). A registry task's name cannot be taken."""
+    if name in TASKS or name in _ALIASES:
+        raise ValueError(f"task {name!r} is a registry task; give your own task another name")
+    _CUSTOM[name] = spec
+
+
 def get_task(name: str | TaskSpec) -> TaskSpec:
-    """The spec of task `name` (case-insensitive; official spellings like "SST-2" accepted)."""
+    """The spec of task `name` (case-insensitive; official spellings like "SST-2" accepted), or of a task registered
+    with `register_task`."""
     if isinstance(name, TaskSpec):
         return name
     key = str(name).strip().lower()
     key = _ALIASES.get(key, key)
-    try:
+    if key in TASKS:
         return TASKS[key]
-    except KeyError:
-        raise UnknownTaskError(f"unknown GLUE task {name!r}; known tasks: {', '.join(TASKS)}") from None
+    if key in _CUSTOM:
+        if not isinstance(spec := _CUSTOM[key], TaskSpec):
+            spec = _CUSTOM[key] = spec()
+        return spec
+    known = [*TASKS, *_CUSTOM]
+    raise UnknownTaskError(f"unknown task {name!r}; known tasks: {', '.join(known)}") from None
 
 
 def tasks_evaluated_with(task: str | TaskSpec) -> tuple[str, ...]:
@@ -208,5 +228,7 @@ def tasks_evaluated_with(task: str | TaskSpec) -> tuple[str, ...]:
     MNLI-mm and AX have no training data of their own; their dev/test predictions come from the MNLI
     model (selected on matched dev), as the GLUE server expects.
     """
-    owner = get_task(task).selection_task
-    return tuple(name for name, spec in TASKS.items() if spec.selection_task == owner)
+    spec = get_task(task)
+    if spec.name not in TASKS:
+        return (spec.name,)
+    return tuple(name for name, other in TASKS.items() if other.selection_task == spec.selection_task)
