@@ -87,14 +87,15 @@ def test_a_span_task_through_the_pipeline(tmp_path):
 
     # the registered champion answers raw questions about a raw context, as the evaluate stage's answers
     article = held.articles[-1].paragraphs[0]
+    uri = json.loads((project / "metrics" / "registry" / "micro-squad.json").read_text())["uri"]  # its alias in force
     code = ("import json, mlflow, sys, pandas as pd; mlflow.set_tracking_uri(sys.argv[1]);"
-            "m = mlflow.pyfunc.load_model('models:/micro-squad@champion');"
+            "m = mlflow.pyfunc.load_model(sys.argv[3]);"
             "q = json.loads(sys.argv[2]);"
             "print(m.predict(pd.DataFrame({'question': [q['question']], 'context': [q['context']]})).to_json("
             "orient='records'))")
     question = article.questions[0]
     asked = json.dumps({"question": question.question, "context": article.context})
-    out = run([sys.executable, "-c", code, f"sqlite:///{project / 'mlflow.db'}", asked], project).stdout
+    out = run([sys.executable, "-c", code, f"sqlite:///{project / 'mlflow.db'}", asked, uri], project).stdout
     [answer] = json.loads(out.strip().splitlines()[-1])
     assert set(answer) == {"answer", "score", "start", "end"} and 0 < answer["score"] <= 1
     assert article.context[answer["start"]:answer["end"]] == answer["answer"]
