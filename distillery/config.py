@@ -48,8 +48,6 @@ class TrainSection(Section):
     checkpoint_steps: int | None = Field(None, ge=1)
 
 
-#: formats of a task of your own, by file extension (.json is JSON Lines, as .jsonl)
-CUSTOM_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 #: main scores of a task of your own: classification (f1: binary, of the second label) and regression
 CLASSIFICATION_METRICS = ("accuracy", "macro_f1", "f1", "mcc")
 REGRESSION_METRICS = ("pearson", "spearman", "pearson_spearman")
@@ -88,8 +86,10 @@ class CustomTaskSection(Section):
             if self.train is None or self.validation is None:
                 raise ValueError("needs `train` and `validation` files (or a Hub dataset: `hub`)")
             for key, path in files.items():
-                if Path(path).suffix.lower() not in CUSTOM_FORMATS:
-                    raise ValueError(f"{key}: {path!r}: unknown extension; use one of {', '.join(CUSTOM_FORMATS)}")
+                from distillery.custom_tasks import FORMATS
+
+                if Path(path).suffix.lower() not in FORMATS:
+                    raise ValueError(f"{key}: {path!r}: unknown extension; use one of {', '.join(FORMATS)}")
         else:
             bad = [k for k in self.splits if k not in CUSTOM_SPLITS]
             if bad or "train" not in self.splits or "validation" not in self.splits:

@@ -28,6 +28,8 @@ import datasets
 
 from distillery.errors import InputNotFoundError, UserError
 
+#: formats of a task of your own, by file extension (.json is JSON Lines, as .jsonl)
+FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 #: our split name -> the prepared dataset's (the GLUE loaders' names)
 SPLIT_NAMES = {"train": "train", "validation": "dev", "test": "test"}
 UNLABELED = -1
@@ -70,11 +72,9 @@ def task_spec(name: str, cfg: Any, root: Path):
 
 def _records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """(where, row) of every row of a file: `path:line` for text formats, `path: row n` for Parquet."""
-    from distillery.config import CUSTOM_FORMATS
-
-    fmt = CUSTOM_FORMATS.get(path.suffix.lower())
+    fmt = FORMATS.get(path.suffix.lower())
     if fmt is None:
-        raise CustomTaskError(f"{path}: unknown extension; use one of {', '.join(CUSTOM_FORMATS)}")
+        raise CustomTaskError(f"{path}: unknown extension; use one of {', '.join(FORMATS)}")
     if not path.is_file():
         raise InputNotFoundError(f"{path}: file not found")
     if fmt == "parquet":
@@ -150,9 +150,7 @@ def _split_records(cfg: Any, split: str, root: Path) -> tuple[str, Iterator[tupl
     """(what it is, its rows, the Hub's label names when the label column is a ClassLabel)."""
     if cfg.hub:
         return _hub_records(cfg, split)
-    from distillery.config import resolve_path
-
-    path = resolve_path(getattr(cfg, split), root)
+    path = _resolve(getattr(cfg, split), root)
     return str(path), _records(path), None
 
 
@@ -249,6 +247,10 @@ def load(name: str, cfg: Any, root: Path) -> datasets.DatasetDict:
 
 def inputs(cfg: Any, root: Path) -> list[Path]:
     """The files of a task of your own (its stage's inputs: a changed file is a changed input); none for the Hub."""
-    from distillery.config import resolve_path
+    return [] if cfg.hub else [_resolve(getattr(cfg, s), root) for s in SPLIT_NAMES if getattr(cfg, s)]
 
-    return [] if cfg.hub else [resolve_path(getattr(cfg, s), root) for s in SPLIT_NAMES if getattr(cfg, s)]
+
+def _resolve(path: str, root: Path) -> Path:
+    """A params path: absolute, ~-expanded, or relative to the project root (as the params' other paths)."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else (root / p).resolve()

@@ -30,6 +30,10 @@ class ClassificationKind:
     head = "sequence-classification"
     #: what the report says the trivial row is
     trivial_description = "the majority class (a constant score for regression) of the training labels"
+    #: TinyBERT's data augmentation applies (word-level replacement of a sentence or pair)
+    augmentable = True
+    #: the teacher's logits of the training set are a fixed-width column (computed once per grid)
+    caches_teacher_logits = True
 
     def __init__(self, task: str, group_by_length: bool = False) -> None:
         from distillery import glue
@@ -68,6 +72,11 @@ class ClassificationKind:
 
         return glue_metrics(self.task)
 
+    def training_metrics(self, dev: Callable[[], tuple[Any, Any]], pad_id: int = 0) -> tuple[Callable, Callable]:
+        """(compute_metrics, main score) of a training run's dev evaluation; `dev` gives (dev examples, encoded dev
+        features) when the metric reads them (a span task's answers), and is not called here."""
+        return self.metrics()
+
     def main_score(self, metrics: Mapping[str, float]) -> float:
         from distillery import glue
 
@@ -85,6 +94,8 @@ class SpanKind:
     trivial_description = ("each question answered with the whole context sentence that shares the most words with "
                            "it (an adaptation of this project, not a baseline of the SQuAD paper)")
     metric_names = ("em", "f1")  # the official exact match and F1, 0-100
+    augmentable = False  # TinyBERT appendix B: SQuAD's prediction layer is distilled on the original data
+    caches_teacher_logits = False  # each feature's logits have its own length: the teacher runs beside the student
 
     def __init__(self, task: str, doc_stride: int = 128, max_query_length: int = 64, group_by_length: bool = False
                  ) -> None:
@@ -125,6 +136,12 @@ class SpanKind:
         from distillery.squad.evaluate import SpanMetrics
 
         return SpanMetrics(dev_examples, dev_features, self.version, pad_id), self.main_score
+
+    def training_metrics(self, dev: Callable[[], tuple[Any, Any]], pad_id: int = 0) -> tuple[Callable, Callable]:
+        """(compute_metrics, main score) of a training run's dev evaluation: the answers to the dev questions
+        (`dev()` gives the questions and the encoded dev features the run evaluates on)."""
+        examples, features = dev()
+        return self.metrics(examples, features, pad_id)
 
     def main_score(self, metrics: Mapping[str, float]) -> float:
         return float(metrics["f1"]) / 100.0

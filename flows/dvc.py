@@ -34,9 +34,6 @@ HEADER = """\
 # (tests/test_dvc_generated.py fails when this file drifts). Each stage runs `python -m flows.stage NAME --item ITEM`.
 """
 
-# Stages whose body returns a training curve (`result["curve"]`), copied by tasks.execute to metrics/curves/.
-CURVE_STAGES = frozenset({"pretrain", "finetune_teacher", "teacher_assistant", "ib_teacher", "knowledge_transfer",
-                          "general_distillation", "task_distillation"})
 
 # Keys of `Stage.params(p, item)` that are not a top-level section of params.yaml -> the params.yaml key they read.
 PARAM_KEYS = {
@@ -153,7 +150,7 @@ def _stage_spec(stage, p, item: str | None, raw: dict[str, Any], params_arg: str
         spec["outs"] = outs
     if metrics:
         spec["metrics"] = metrics
-    if stage.name in CURVE_STAGES:
+    if stage.curve:  # its body returns a training curve, copied by tasks.execute to metrics/curves/
         spec["plots"] = [{_rel(paths.curves(curve_name(stage, item))): {"cache": False, "x": "step", "y": "loss"}}]
     return spec
 

@@ -11,7 +11,7 @@ from tasks.stage import Stage
 from tasks.teacher import FINETUNE_TEACHER, PRETRAIN
 
 from distillery.config import Params
-from distillery.task_kinds import is_span
+from distillery.task_kinds import task_kind
 
 STAGES: dict[str, Stage] = {s.name: s for s in (
     PREPARE_CORPUS, PREPARE_TASK, PRETRAIN, WORD_VECTORS, FINETUNE_TEACHER, AUGMENT, *STUDENT_STAGES,
@@ -26,7 +26,7 @@ def items(stage: str, p: Params) -> list[str | None]:
         return students_with(p, stage)
     tasks, students = list(p.data.tasks), list(p.students)
     pairs = [f"{s}:{t}" for s in students for t in tasks]
-    augmented = [t for t in tasks if p.for_task(t).augment.enabled and not is_span(t)]  # spans: no augmentation
+    augmented = [t for t in tasks if p.for_task(t).augment.enabled and task_kind(t).augmentable]
     return {
         "prepare_corpus": [None],
         "prepare_task": tasks,

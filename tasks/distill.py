@@ -1,8 +1,9 @@
 """Distillation stages. Each student's recipe (`distillery.recipes`) says what they do; this module prepares their
 context (teacher, tokenizer, datasets, output directory, schedule, seed), asks the recipe, and writes the results:
 
-* student stages (per student), as many as its recipe adds, in order: `teacher_assistant` (MiniLM), `ib_teacher` and
-  `knowledge_transfer` (MobileBERT), `general_distillation` (every student that pre-trains);
+* student stages (per student): one pipeline stage per student-level stage the registered recipes declare
+  (`Recipe.STUDENT_STAGES`: its name and the folder of `models/` it writes), run for the students whose recipe adds
+  it, in the recipe's order; the task stage starts from the last one's model;
 * `task_distillation` (per student and task): the recipe's task stage (TinyBERT's two steps, BERT-PKD's patient
   distillation, or fine-tuning over the grid), its best grid run copied to the student's output;
 * `baseline` (per student and task): the same student trained without a teacher.
@@ -21,19 +22,20 @@ from tasks.teacher import (checkpoint_options, encoding, finish, load_task, teac
                            train_options)
 
 from distillery.config import Params
-from distillery.task_kinds import is_span, task_kind
+from distillery.recipes import student_stage_folders
+from distillery.task_kinds import task_kind
 
 TRAINING_CODE = ("distillery/training", "distillery/objectives", "distillery/capture.py", "distillery/layer_map.py",
                  "distillery/models.py", "distillery/recipes", "distillery/ib_teacher.py", "distillery/corpus.py",
                  "distillery/config.py", "distillery/task_kinds.py", "distillery/squad", "tasks/distill.py")
 
-#: Where each student stage writes (`<dir>/model`).
-STUDENT_STAGE_DIRS: dict[str, Callable[[str], Path]] = {
-    "teacher_assistant": paths.teacher_assistant,
-    "ib_teacher": paths.ib_teacher,
-    "knowledge_transfer": paths.knowledge_transfer,
-    "general_distillation": paths.general_student,
-}
+#: Every student-level stage the recipes declare -> the folder of `models/` it writes.
+STUDENT_STAGE_FOLDERS = student_stage_folders()
+
+
+def stage_dir(stage: str, student: str) -> Path:
+    """Where a student-level stage writes for one student (`<dir>/model`)."""
+    return paths.student_stage(STUDENT_STAGE_FOLDERS[stage], student)
 
 
 def teacher_dims(p: Params):
@@ -56,6 +58,12 @@ def students_with(p: Params, stage: str) -> list[str]:
     return [s for s in p.students if stage in student_stages(p, s)]
 
 
+def general_student(p: Params, student: str) -> Path | None:
+    """The model the student's task stage starts from: its last student-level stage's, if it has any."""
+    names = list(student_stages(p, student))
+    return stage_dir(names[-1], student) / "model" if names else None
+
+
 def _earlier(p: Params, student: str, stage: str) -> list[str]:
     names = list(student_stages(p, student))
     return names[:names.index(stage)] if stage in names else names
@@ -66,32 +74,16 @@ def _stage_context(p: Params, student: str, stage: str):
 
     schedule = getattr(p, student_stages(p, student)[stage].schedule)  # a params section: pretrain / general_distillation
     return StageContext(student=student, teacher=teacher_source(p), corpus=paths.corpus(),
-                        out=STUDENT_STAGE_DIRS[stage](student), schedule=schedule,
+                        out=stage_dir(stage, student), schedule=schedule,
                         args=train_options(schedule, p.seed), seed=p.seed,
-                        inputs={s: STUDENT_STAGE_DIRS[s](student) / "model" for s in _earlier(p, student, stage)})
+                        inputs={s: stage_dir(s, student) / "model" for s in _earlier(p, student, stage)})
 
 
-def _run_student_stage(p: Params, student: str, stage: str) -> dict[str, Any]:
+def run_student_stage(p: Params, student: str, stage: str) -> dict[str, Any]:
     ctx = _stage_context(p, student, stage)
     result = student_stages(p, student)[stage].run(ctx)
     final = finish(ctx.out)
     return {"curve": final / "train_log.csv", **result}
-
-
-def run_teacher_assistant(p: Params, student: str) -> dict[str, Any]:
-    return _run_student_stage(p, student, "teacher_assistant")
-
-
-def run_ib_teacher(p: Params, student: str) -> dict[str, Any]:
-    return _run_student_stage(p, student, "ib_teacher")
-
-
-def run_knowledge_transfer(p: Params, student: str) -> dict[str, Any]:
-    return _run_student_stage(p, student, "knowledge_transfer")
-
-
-def run_general_distillation(p: Params, student: str) -> dict[str, Any]:
-    return _run_student_stage(p, student, "general_distillation")
 
 
 # ------------------------------------------------------------------------------------------------ the task stage
@@ -118,16 +110,15 @@ def _train_set(p: Params, task: str, tokenizer, augmented: bool):
 
     from distillery import glue
 
+    kind = task_kind(task, p.data)
     data = load_task(task)
     splits = {"train": data["train"], "dev": data["dev"]}
-    if is_span(task):  # TinyBERT appendix B: prediction-layer distillation of SQuAD on the original data
-        return tuple(task_kind(task, p.data).encode(DatasetDict(splits), tokenizer, p.data.max_length).values())
-    if augmented and p.augment.enabled:
+    if augmented and p.augment.enabled and kind.augmentable:
         splits["train"] = glue.load_split_file(task, paths.augmented(task))
         covered = p.augment.max_examples or len(data["train"])
         if covered < len(data["train"]):
             splits["rest"] = data["train"].select(range(covered, len(data["train"])))
-    encoded = glue.encode(DatasetDict(splits), tokenizer, task, p.data.max_length)
+    encoded = kind.encode(DatasetDict(splits), tokenizer, p.data.max_length)
     train = encoded["train"]
     if "rest" in encoded:
         keep = [c for c in train.column_names if c in encoded["rest"].column_names]
@@ -141,11 +132,9 @@ def _grid(p: Params, task: str, tokenizer, section, dev: Callable[[], Any]):
     from distillery.training.spec import Grid, TrainRun
 
     kind = task_kind(task, p.data)
-    # a span task's metrics read the dev questions and the encoded dev features the grid evaluates on
-    compute, main = kind.metrics(load_task(task)["dev"], dev(), tokenizer.pad_token_id) if is_span(task) else kind.metrics()
-    # a span task's logits have each feature's own length: its teacher runs beside the student instead of cached
+    compute, main = kind.training_metrics(lambda: (load_task(task)["dev"], dev()), tokenizer.pad_token_id)
     cache = section.cache_teacher_logits if isinstance(section, PredictionSection) else True
-    cache = cache and not is_span(task)
+    cache = cache and kind.caches_teacher_logits
     grid = Grid(learning_rates=tuple(section.lrs), batch_sizes=tuple(section.batch_sizes), epochs=section.epochs,
                 cache_teacher_logits=cache)
     args = {**kind.train_args, "warmup_steps": section.warmup_ratio, "seed": p.seed, "per_device_eval_batch_size": 64,
@@ -167,12 +156,11 @@ def task_context(p: Params, item: str, out: Path, *, general: bool = True):
             encoded[augmented] = _train_set(p, task, tokenizer, augmented)
         return encoded[augmented]
 
-    has_general = general and "general_distillation" in student_stages(p, student)
     return TaskContext(student=student, task=task, teacher=teacher, tokenizer=tokenizer, labels=labels, data=data,
                        out=out, sections=p.task_distillation,
                        train_args=lambda s: train_options(s, p.seed, **kind.train_args),
                        grid=lambda s: _grid(p, task, tokenizer, s, lambda: data(False)[1]),
-                       general=paths.general_student(student) / "model" if has_general else None,
+                       general=general_student(p, student) if general else None,
                        head=kind.head)
 
 
@@ -231,11 +219,14 @@ def _checkpoint_deps(p: Params, s: str) -> list[Path]:
     return [local] if local.exists() else []
 
 
-def _student_stage(name: str, run) -> Stage:
+def _student_stage(name: str) -> Stage:
     """A student-level stage: reads the corpus, the teacher and the student's earlier stages."""
 
+    def run(p: Params, s: str) -> dict[str, Any]:
+        return run_student_stage(p, s, name)
+
     def deps(p: Params, s: str) -> list[Path]:
-        earlier = [STUDENT_STAGE_DIRS[e](s) / "model" for e in _earlier(p, s, name)]
+        earlier = [stage_dir(e, s) / "model" for e in _earlier(p, s, name)]
         return [paths.corpus()] + _teacher_source_deps(p) + earlier + _checkpoint_deps(p, s)
 
     def params(p: Params, s: str) -> dict[str, Any]:
@@ -243,25 +234,24 @@ def _student_stage(name: str, run) -> Stage:
         return {"seed": p.seed, "student": p.students[s].model_dump(mode="json"),
                 schedule: getattr(p, schedule).model_dump(mode="json"), **distributed_params(p)}
 
-    return Stage(name, distributed(run), device="shared", deps=deps,
-                 outs=lambda p, s: [STUDENT_STAGE_DIRS[name](s) / "model"], params=params, code=TRAINING_CODE)
+    run.__name__ = run.__qualname__ = f"run_{name}"
+    globals()[run.__name__] = run  # the launcher (tasks.launch) finds a stage body as MODULE:FUNCTION in its ranks
+    return Stage(name, distributed(run), device="shared", deps=deps, curve=True,
+                 outs=lambda p, s: [stage_dir(name, s) / "model"], params=params, code=TRAINING_CODE)
 
 
-TEACHER_ASSISTANT = _student_stage("teacher_assistant", run_teacher_assistant)
-IB_TEACHER = _student_stage("ib_teacher", run_ib_teacher)
-KNOWLEDGE_TRANSFER = _student_stage("knowledge_transfer", run_knowledge_transfer)
-GENERAL_DISTILLATION = _student_stage("general_distillation", run_general_distillation)
-STUDENT_STAGES = (TEACHER_ASSISTANT, IB_TEACHER, KNOWLEDGE_TRANSFER, GENERAL_DISTILLATION)
+#: One pipeline stage per student-level stage the recipes declare, in their order.
+STUDENT_STAGES = tuple(_student_stage(name) for name in STUDENT_STAGE_FOLDERS)
 
 
 def _task_deps(p: Params, item: str) -> list[Path]:
     student, task = split_item(item)
     recipe = p.students[student]
     deps = [paths.task_data(task), paths.teacher(task) / "model"]
-    if recipe.uses_augmented_data and p.augment.enabled and not is_span(task):
+    if recipe.uses_augmented_data and p.augment.enabled and task_kind(task).augmentable:
         deps.append(paths.augmented(task))
-    if "general_distillation" in student_stages(p, student):
-        deps.append(paths.general_student(student) / "model")
+    if (start := general_student(p, student)) is not None:
+        deps.append(start)
     return deps + _checkpoint_deps(p, student)
 
 
@@ -278,7 +268,7 @@ BASELINE = Stage(
     code=TRAINING_CODE + ("distillery/glue", "tasks/teacher.py"),
 )
 TASK_DISTILLATION = Stage(
-    "task_distillation", distributed(run_task_distillation), device="shared",
+    "task_distillation", distributed(run_task_distillation), device="shared", curve=True,
     deps=_task_deps,
     outs=lambda p, item: [paths.student(*split_item(item)) / "model"],
     params=lambda p, item: {"seed": p.seed, **encoding(p, split_item(item)[1]),

@@ -45,23 +45,10 @@ def augmented(task: str) -> Path:
     return DATA / "augmented" / f"{task}.tsv"
 
 
-def teacher_assistant(student: str) -> Path:
-    """MiniLM's teacher assistant for one student (Sec. 3.3)."""
-    return MODELS / "assistant" / student
-
-
-def ib_teacher(student: str) -> Path:
-    """MobileBERT's IB-BERT teacher for one student (inter-block width = the student's)."""
-    return MODELS / "ib-teacher" / student
-
-
-def knowledge_transfer(student: str) -> Path:
-    """A MobileBERT student after layer-wise knowledge transfer (before pre-training distillation)."""
-    return MODELS / "transfer" / student
-
-
-def general_student(student: str) -> Path:
-    return MODELS / "general" / student
+def student_stage(folder: str, student: str) -> Path:
+    """Where a student-level stage of a recipe writes for one student (`models/<folder>/<student>`; the folder is
+    the recipe's declaration, `Recipe.STUDENT_STAGES`)."""
+    return MODELS / folder / student
 
 
 def student(student: str, task: str) -> Path:

@@ -77,6 +77,8 @@ class Stage:
     #: anything; uses no global random state), "shared" computes on it (training, MLM inference: one device slot),
     #: "exclusive" measures on it (latency: every slot).
     device: Literal["", "shared", "exclusive"] = ""
+    #: The body returns a training curve (`result["curve"]`), which the pipeline copies to metrics/curves/.
+    curve: bool = False
 
     def __post_init__(self) -> None:
         # every stage reads its params through distillery/config.py, where their defaults live: editing a default

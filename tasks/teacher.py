@@ -212,7 +212,7 @@ def _finetune_source_deps(p: Params) -> list[Path]:
 
 
 PRETRAIN = Stage(
-    "pretrain", distributed(run_pretrain), device="shared",
+    "pretrain", distributed(run_pretrain), device="shared", curve=True,
     deps=lambda p, _: _pretrain_deps(p),
     outs=lambda p, _: [paths.teacher_mlm() / "model"],
     params=lambda p, _: {"seed": p.seed, "teacher": p.teacher.model_dump(mode="json"),
@@ -220,7 +220,7 @@ PRETRAIN = Stage(
     code=("distillery/training", "distillery/models.py", "distillery/corpus.py", "tasks/teacher.py"),
 )
 FINETUNE_TEACHER = Stage(
-    "finetune_teacher", distributed(run_finetune_teacher), device="shared",
+    "finetune_teacher", distributed(run_finetune_teacher), device="shared", curve=True,
     deps=lambda p, t: [paths.task_data(t)] + _finetune_source_deps(p),
     outs=lambda p, t: [paths.teacher(t) / "model"],
     params=lambda p, t: {"seed": p.seed, **encoding(p, t),

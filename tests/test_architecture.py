@@ -120,6 +120,43 @@ def test_nobody_outside_the_recipes_asks_which_recipe_a_student_is():
     assert not found, f"isinstance on recipe classes outside distillery/recipes: {found}"
 
 
+def _string_constants(path: Path) -> list[tuple[int, str]]:
+    """(line, value) of every string constant of a module, docstrings and comments aside."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
+
+
+def test_recipes_own_their_stages():
+    """No recipe name and no recipe's student-level stage (or its folder) is named in tasks/ or flows/: the pipeline's
+    student stages, their outputs, curves and DVC stages come from `Recipe.STUDENT_STAGES`."""
+    from distillery.recipes import RECIPES, student_stage_folders
+
+    folders = student_stage_folders()
+    names = set(RECIPES) | set(folders) | set(folders.values())
+    found = [f"{p.relative_to(ROOT)}:{line} {value!r}"
+             for p in [*(ROOT / "tasks").rglob("*.py"), *(ROOT / "flows").rglob("*.py")]
+             for line, value in _string_constants(p) if value in names]
+    assert not found, f"recipe or recipe-stage names outside distillery/recipes: {found}"
+    assert {"teacher_assistant", "ib_teacher", "knowledge_transfer", "general_distillation"} <= set(folders)
+
+
+#: modules of tasks/ and flows/ that still ask whether a task is a span task (the rest ask its `task_kind`)
+SPAN_BRANCHES_LEFT = {"tasks/data.py", "tasks/evaluate.py", "tasks/register.py", "tasks/teacher.py"}
+
+
+def test_task_kinds_own_their_branching():
+    found = set()
+    for path in [*(ROOT / "tasks").rglob("*.py"), *(ROOT / "flows").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Name) and node.id in ("is_span", "SPAN_TASKS"):
+                found.add(path.relative_to(ROOT).as_posix())
+    assert found <= SPAN_BRANCHES_LEFT, f"span branches outside distillery/task_kinds.py: {found - SPAN_BRANCHES_LEFT}"
+
+
 def test_the_checks_see_the_code():
     """The checks above would pass on an empty tree: make sure they read the real one."""
     g = graph()

@@ -13,7 +13,7 @@ from distillery.config import load_params
 from flows import dvc as gen
 from flows.stages import STAGES, items
 from tasks.execute import curve_name
-from tasks.distill import _run_student_stage
+from tasks.distill import run_student_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +55,7 @@ def test_dvc_parses_every_stage_and_item(rendered, tmp_path):
         assert {gen._rel(d) for d in stage.deps(p, item)} <= deps
         outs = {str(o.def_path) for o in st.outs}
         assert {gen._rel(o) for o in stage.outs(p, item)} <= outs
-        if name in gen.CURVE_STAGES:
+        if stage.curve:
             assert f"metrics/curves/{key}.csv" in outs
 
 
@@ -100,11 +100,11 @@ def test_paths_are_relative_to_the_project_root():
 
 
 def test_curve_stages_are_the_stages_that_return_a_curve():
-    # the student stages (recipe bodies) all return their curve through tasks.distill._run_student_stage
+    # the student stages (recipe bodies) all return their curve through tasks.distill.run_student_stage
     returns_curve = {name for name, st in STAGES.items()
-                     if '"curve"' in inspect.getsource(st.run) or "_run_student_stage(" in inspect.getsource(st.run)}
-    assert '"curve"' in inspect.getsource(_run_student_stage)
-    assert returns_curve == gen.CURVE_STAGES
+                     if '"curve"' in inspect.getsource(st.run) or "run_student_stage(" in inspect.getsource(st.run)}
+    assert '"curve"' in inspect.getsource(run_student_stage)
+    assert returns_curve == {name for name, st in STAGES.items() if st.curve}
 
 
 @pytest.mark.parametrize("preset", sorted(p.name for p in (ROOT / "params").glob("*.yaml")))

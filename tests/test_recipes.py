@@ -172,9 +172,9 @@ def test_teacher_assistant_when_sizes_call_for_it():
 
 def test_pipeline_items_follow_the_recipes():
     from flows.stages import items
-    from tasks.distill import GENERAL_DISTILLATION
+    from flows.stages import STAGES
 
-    _general_deps = GENERAL_DISTILLATION.deps
+    _general_deps = STAGES["general_distillation"].deps
     p = parse_params(demo())
     assert items("teacher_assistant", p) == ["minilm-demo"]  # demo: 2 x 64 student of a 4 x 128 teacher
     assert set(items("general_distillation", p)) == {"tinybert-demo", "minilm-demo", "distilbert-demo",

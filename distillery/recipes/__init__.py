@@ -35,7 +35,7 @@ from distillery.recipes.base import (
 from distillery.recipes.distilbert import DistilBertRecipe
 from distillery.recipes.minilm import MiniLMRecipe
 from distillery.recipes.mobilebert import IBTeacher, MobileBertRecipe
-from distillery.recipes.registry import RECIPES, recipe_from_yaml, student_recipe_type
+from distillery.recipes.registry import RECIPES, recipe_from_yaml, student_recipe_type, student_stage_folders
 from distillery.recipes.tinybert import TinyBertRecipe
 
 for _module in pkgutil.iter_modules(__path__):  # each recipe module registers its recipe class when imported
@@ -50,5 +50,5 @@ __all__ = [
     "CheckpointInit", "CheckpointMismatchError", "DistilBertRecipe", "IBTeacher", "INIT_KINDS", "MiniLMRecipe",
     "MobileBertRecipe", "RECIPES", "RECIPE_NAMES", "RandomInit", "Recipe", "RecipeError", "Section", "Shape",
     "StageContext", "StudentRecipe", "StudentStage", "TaskContext", "TeacherLayersInit", "TinyBertRecipe",
-    "official_teacher_layers", "recipe_from_yaml",
+    "official_teacher_layers", "recipe_from_yaml", "student_stage_folders",
 ]

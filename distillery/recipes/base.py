@@ -7,9 +7,12 @@ paper's behaviour (torchtune's recipe classes):
 * ``OBJECTIVES``: the loss terms its layer-wise (general) stage can compute, with the paper's default weights
   (0 = available but off) -- written once, in the recipe's module; ``objectives`` in params overrides them;
 * :meth:`Recipe.map_layers`: which student layer learns from which teacher layer;
-* :meth:`Recipe.stages`: the student-level stages it adds before the task stage, each with its body
-  (``general_distillation`` for every recipe that pre-trains; MiniLM's ``teacher_assistant``, MobileBERT's
-  ``ib_teacher`` and ``knowledge_transfer``), run with a :class:`StageContext`;
+* ``STUDENT_STAGES``: every student-level stage it may add before the task stage, in order, each with the folder of
+  ``models/`` it writes (``general_distillation`` -> ``general`` for every recipe that pre-trains; MiniLM's
+  ``teacher_assistant``, MobileBERT's ``ib_teacher`` and ``knowledge_transfer``); the pipeline's stages, their
+  outputs, curves and DVC stages are derived from these declarations;
+* :meth:`Recipe.stages`: the ones a student of this recipe runs, each with its body, run with a
+  :class:`StageContext`; the task stage starts from the last one's model;
 * :meth:`Recipe.task_stage`: what it does on a task, given a :class:`TaskContext`; returns the grid whose best
   run becomes the student;
 * :meth:`Recipe.start_student`: how its student is built and initialised.
@@ -229,6 +232,9 @@ class Recipe(Section):
     STAGE: ClassVar[str] = "intermediate"
     #: Whether the student may be deeper than the teacher (MobileBERT: it takes its IB teacher's depth).
     ANY_DEPTH: ClassVar[bool] = False
+    #: Every student-level stage :meth:`stages` may return, in order -> the folder of ``models/`` it writes
+    #: (``models/<folder>/<student>/model``).
+    STUDENT_STAGES: ClassVar[dict[str, str]] = {"general_distillation": "general"}
 
     @field_validator("init", mode="before")
     @classmethod

@@ -30,6 +30,7 @@ class MiniLMRecipe(Recipe):
     teacher_assistant: Literal["auto", "on", "off"] = "auto"  # Sec. 3.3
 
     OBJECTIVES: ClassVar[dict[str, float]] = {"attention_kl": 1.0, "value_relation_kl": 1.0, "relation_kl": 0.0}
+    STUDENT_STAGES: ClassVar[dict[str, str]] = {"teacher_assistant": "assistant", "general_distillation": "general"}
 
     def options(self) -> dict[str, Any]:
         return {**super().options(), "n_relation_heads": self.relation_heads}

@@ -65,6 +65,8 @@ class MobileBertRecipe(Recipe):
 
     OBJECTIVES: ClassVar[dict[str, float]] = {"feature_map_loss": 1.0, "attention_transfer_loss": 1.0}
     ANY_DEPTH: ClassVar[bool] = True  # the IB teacher's depth, not the pipeline teacher's
+    STUDENT_STAGES: ClassVar[dict[str, str]] = {"ib_teacher": "ib-teacher", "knowledge_transfer": "transfer",
+                                                "general_distillation": "general"}
 
     @property
     def needs_mlm_teacher(self) -> bool:

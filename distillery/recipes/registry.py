@@ -32,3 +32,20 @@ def recipe_from_yaml(v: Any) -> Any:
     if isinstance(v, dict) and "recipe" not in v:
         return {"recipe": "tinybert", **v}
     return v
+
+
+def student_stage_folders() -> dict[str, str]:
+    """Every student-level stage any registered recipe declares (``Recipe.STUDENT_STAGES``) -> the folder of
+    ``models/`` it writes, in an order that keeps each recipe's own order (a stage after those it reads)."""
+    from graphlib import TopologicalSorter
+
+    order: TopologicalSorter = TopologicalSorter()
+    folders: dict[str, str] = {}
+    for cls in RECIPES.values():
+        names = list(cls.STUDENT_STAGES)
+        for i, name in enumerate(names):
+            if folders.setdefault(name, cls.STUDENT_STAGES[name]) != cls.STUDENT_STAGES[name]:
+                raise ValueError(f"student stage {name!r} writes to two folders: {folders[name]!r} and "
+                                 f"{cls.STUDENT_STAGES[name]!r}")
+            order.add(name, *names[:i])
+    return {name: folders[name] for name in order.static_order()}
