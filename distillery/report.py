@@ -239,7 +239,34 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
+def _marker(row: dict[str, Any]) -> str:
+    """The teacher a star, a student's int8 / bf16 form a square / diamond, a direct baseline an x, a student a dot."""
+    name = row["model"]
+    if row["is_teacher"]:
+        return "*"
+    return "s" if name.endswith("-int8") else "D" if name.endswith("-bf16") else "x" if name.endswith("-direct") else "o"
+
+
+def _family(name: str) -> str:
+    for suffix in ("-int8", "-bf16", "-direct"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats on both axes (lower x, higher y), by increasing x."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], -points[i][1]))
+    front, best = [], -math.inf
+    for i in order:
+        if points[i][1] > best:
+            front.append(i)
+            best = points[i][1]
+    return front
+
+
 def _scatter(rows: list[dict[str, Any]], key: str, xlabel: str, scale: float, path: Path) -> Path | None:
+    """Score vs cost, one legend entry per model (no labels printed over each other), the Pareto front drawn."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
@@ -247,10 +274,17 @@ def _scatter(rows: list[dict[str, Any]], key: str, xlabel: str, scale: float, pa
            for r in rows if r.get(key) is not None and r["avg"] is not None]
     if not pts:
         return None
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    colours = plt.get_cmap("tab10").colors
+    families: dict[str, int] = {}  # a student, its int8 and bf16 forms and its direct baseline share a colour
     for x, y, r in pts:
-        ax.scatter([x], [y], marker="*" if r["is_teacher"] else "o", s=120 if r["is_teacher"] else 50)
-        ax.annotate(r["model"], (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        family = families.setdefault(_family(r["model"]), len(families))
+        ax.scatter([x], [y], marker=_marker(r), s=160 if r["is_teacher"] else 55, color=colours[family % len(colours)],
+                   label=r["model"] + (" (teacher)" if r["is_teacher"] else ""), zorder=3)
+    front = pareto_front([(x, y) for x, y, _ in pts])
+    if len(front) > 1:
+        ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], color="0.4", linestyle="--", linewidth=1,
+                drawstyle="steps-post", zorder=2, label="Pareto front (no model is cheaper and better)")
     ax.set_xscale("log")
     plain = FuncFormatter(lambda v, _: f"{v:g}")  # 2, 5, 10 rather than 2x10^0
     ax.xaxis.set_major_formatter(plain)
@@ -259,6 +293,42 @@ def _scatter(rows: list[dict[str, Any]], key: str, xlabel: str, scale: float, pa
     ax.set_xlabel(xlabel)
     ax.set_ylabel("average dev score")
     ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
+    try:
+        return _save(fig, path)
+    finally:
+        plt.close(fig)
+
+
+def _curve_panels(curves: Mapping[str, tuple[list[float], list[float]]], path: Path) -> Path:
+    """One panel per stage (a curve's name is `<stage>-<item>`), each with its own legend of items."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    groups: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
+    for name, curve in curves.items():
+        stage, _, item = name.partition("-")
+        groups.setdefault(stage, {})[item or stage] = curve
+    cols = min(2, len(groups))
+    rows = math.ceil(len(groups) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.2 * rows), squeeze=False)
+    for ax, (stage, items) in zip(axes.flat, groups.items()):
+        for item, (steps, losses) in items.items():
+            ax.plot(steps, losses, label=item, linewidth=1.2)
+        if all(v > 0 for line in ax.get_lines() for v in line.get_ydata()):
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_title(stage.replace("_", " "), fontsize=10)
+        ax.set_xlabel("step", fontsize=8)
+        ax.set_ylabel("training loss", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(True, alpha=0.3)
+        if len(items) > 1 or next(iter(items)) != stage:
+            ax.legend(fontsize=7, frameon=False)
+    for ax in list(axes.flat)[len(groups):]:
+        ax.set_visible(False)
+    fig.tight_layout()
     try:
         return _save(fig, path)
     finally:
@@ -279,7 +349,6 @@ def write_report(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], out_dir
     import matplotlib
 
     matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
 
     out = Path(out_dir)
     tasks, rows = build_rows(summary, latency=latency, teacher=teacher)
@@ -293,19 +362,7 @@ def write_report(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], out_dir
             written.append(p)
             images.append(fname)
     if curves:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for name, (steps, losses) in curves.items():
-            ax.plot(steps, losses, label=name)
-        ax.set_xlabel("step")
-        ax.set_ylabel("training loss")
-        if any(v > 0 for line in ax.get_lines() for v in line.get_ydata()):
-            ax.set_yscale("log")
-        ax.legend(fontsize=8)
-        ax.grid(True, alpha=0.3)
-        try:
-            written.append(_save(fig, out / "loss_curves.png"))
-        finally:
-            plt.close(fig)
+        written.append(_curve_panels(curves, out / "loss_curves.png"))
         images.append("loss_curves.png")
     written.insert(0, write_text(out / "table.md", render_markdown(tasks, rows, notes, lines)))
     written.insert(1, write_text(out / "table.html", render_html(tasks, rows, images, notes, lines)))

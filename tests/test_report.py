@@ -160,3 +160,42 @@ def test_trivial_and_direct_rows_explained_no_retention_without_a_student_entry(
     # a span task's trivial row is what it is: whole sentences by question overlap, this project's own floor
     span = render_markdown(["sst2", "squad"], rows)
     assert "the majority class" in span and "not a baseline of the SQuAD paper" in span
+
+
+def test_the_pareto_front_is_what_no_model_beats_on_both_axes():
+    from distillery.report import pareto_front
+
+    points = [(1.0, 80.0), (2.0, 85.0), (3.0, 84.0), (4.0, 90.0), (0.5, 70.0), (2.0, 83.0)]
+    assert pareto_front(points) == [4, 0, 1, 3]  # by latency; (3, 84), (2, 83) are beaten by (2, 85)
+
+
+def test_loss_curves_get_one_panel_per_stage(tmp_path):
+    """19 curves of 7 stages: 7 panels, each legend listing only its stage's items."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    from distillery import report
+
+    made = []
+    real_subplots = plt.subplots
+
+    def spy(*args, **kwargs):
+        fig, axes = real_subplots(*args, **kwargs)
+        made.append(axes)
+        return fig, axes
+
+    curves = {f"{stage}-s{i}": ([0.0, 1.0], [2.0, 1.0]) for stage in ("pretrain", "general_distillation",
+                                                                          "task_distillation") for i in range(6)}
+    curves["finetune_teacher-demo"] = ([0.0, 1.0], [1.0, 0.5])
+    plt.subplots = spy
+    try:
+        report._curve_panels(curves, tmp_path / "loss_curves.png")
+    finally:
+        plt.subplots = real_subplots
+    axes = [ax for ax in made[0].flat if ax.get_visible()]
+    assert [ax.get_title() for ax in axes] == ["pretrain", "general distillation", "task distillation",
+                                               "finetune teacher"]
+    assert [t.get_text() for t in axes[1].get_legend().get_texts()] == [f"s{i}" for i in range(6)]
+    assert (tmp_path / "loss_curves.png").stat().st_size > 0
