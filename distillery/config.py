@@ -219,6 +219,9 @@ class TeacherSection(Section):
     shape: Shape | None = None
     tokenizer: str | None = None  # defaults to the teacher's own; "demo" trains a WordPiece vocab on the corpus
     vocab_size: int = Field(4000, ge=100)
+    # a teacher you already fine-tuned, per task (a model directory or Hub id with the task's head): evaluated on dev
+    # (gate included) instead of fine-tuned again; the task-agnostic stages still read `name_or_path`
+    finetuned: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _consistent(self) -> "TeacherSection":
@@ -442,6 +445,15 @@ class Params(Section):
             return self
         update = {name: _merged(getattr(self, name), part) for name, part in over if part}
         return self.model_copy(update={**update, "per_task": {}})
+
+    @field_validator("teacher")
+    @classmethod
+    def _finetuned_tasks(cls, v: TeacherSection, info: ValidationInfo) -> TeacherSection:
+        data = info.data.get("data")
+        for task in v.finetuned:
+            if data is not None and task not in data.tasks:
+                raise ValueError(f"finetuned: {task!r} is not in data.tasks ({', '.join(data.tasks)})")
+        return v
 
     @field_validator("per_task")
     @classmethod
@@ -682,6 +694,8 @@ def check_inputs(p: Params, path: str = "params.yaml", root: Path | None = None)
             _check_students(p, Dims.of_config(AutoConfig.from_pretrained(str(config.parent))), path, root)
     if t.tokenizer not in (None, "demo"):
         _check_file(t.tokenizer, root, "teacher.tokenizer", path, directory_ok=True)
+    for task, ref in t.finetuned.items():
+        _check_model_ref(ref, root, f"teacher.finetuned.{task}", path, "fine-tuned teacher")
     if p.data.source == "local" and "squad" in p.data.tasks:
         _check_file(p.data.squad_file, root, "data.squad_file", path)
     if p.data.source == "local" and p.data.glue_dir:

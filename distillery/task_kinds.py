@@ -88,6 +88,31 @@ class ClassificationKind:
         metrics = glue.trivial_baseline(self.task, data["train"]["label"][:], data["dev"]["label"][:])
         return {**metrics, "main": self.main_score(metrics)}
 
+    def evaluate(self, model_dir: Path, data, max_length: int, predictions_file: Path | None = None, session=None):
+        """(dev metrics, test logits or None) of the model saved in `model_dir` (`session`, `predictions_file`: the
+        span kind's; unused here)."""
+        from distillery.evaluation import evaluate_model
+
+        return evaluate_model(model_dir, self.task, data, max_length=max_length)
+
+    def check_head(self, config, source: str) -> None:
+        """A fine-tuned model's head fits the task: a sequence-classification head with the task's number of labels
+        and, when it names its labels, the task's label names in the task's order."""
+        from distillery.errors import UserError
+
+        archs = getattr(config, "architectures", None) or []
+        if not any(a.endswith("ForSequenceClassification") for a in archs):
+            raise UserError(f"{source}: not a fine-tuned classifier ({', '.join(archs) or 'no architectures'} in its "
+                            f"config.json); {self.task} needs a ...ForSequenceClassification model")
+        if config.num_labels != self.spec.num_labels:
+            raise UserError(f"{source}: its head has {config.num_labels} outputs, {self.task} has "
+                            f"{self.spec.num_labels} ({', '.join(self.spec.labels) or 'a regression score'})")
+        names = [str(config.id2label[i]) for i in range(config.num_labels)]
+        if self.spec.labels and not all(n == f"LABEL_{i}" for i, n in enumerate(names)) and \
+                tuple(names) != self.spec.labels:
+            raise UserError(f"{source}: its labels are {names}, {self.task}'s are {list(self.spec.labels)}; give the "
+                            "task the model's label order (data.custom.<task>.labels)")
+
 
 class SpanKind:
     head = "question-answering"
@@ -154,6 +179,15 @@ class SpanKind:
         scores = evaluate(gold_answers(dev), sentence_baseline(dev), "1.1")  # it always answers: v1.1 scoring
         metrics = {"em": scores["exact_match"], "f1": scores["f1"]}
         return {**metrics, "main": self.main_score(metrics)}
+
+    def check_head(self, config, source: str) -> None:
+        """A fine-tuned model's head fits the task: a question-answering head."""
+        from distillery.errors import UserError
+
+        archs = getattr(config, "architectures", None) or []
+        if not any(a.endswith("ForQuestionAnswering") for a in archs):
+            raise UserError(f"{source}: not a fine-tuned reader ({', '.join(archs) or 'no architectures'} in its "
+                            f"config.json); {self.task} needs a ...ForQuestionAnswering model")
 
     def evaluate(self, model_dir: Path, data, max_length: int, predictions_file: Path | None = None,
                  session=None):

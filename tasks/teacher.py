@@ -130,6 +130,8 @@ def run_finetune_teacher(p: Params, task: str) -> dict[str, Any]:
     from distillery.training.spec import TrainRun
 
     kind = task_kind(task, p.data)
+    if task in p.teacher.finetuned:
+        return _given_teacher(p, task)
     source = finetune_source(p)
     own = p.teacher.init == "pretrained" and source == teacher_name(p)  # else a pre-training output, tokenizer inside
     tokenizer = AutoTokenizer.from_pretrained(str(resolve(p.teacher.tokenizer)) if own and p.teacher.tokenizer else source)
@@ -142,6 +144,31 @@ def run_finetune_teacher(p: Params, task: str) -> dict[str, Any]:
                                                  args=train_options(p.finetune, p.seed, **kind.train_args)))
     final = finish(out)
     return {"curve": final / "train_log.csv", "metrics_file": final / "metrics.json"}
+
+
+def _given_teacher(p: Params, task: str) -> dict[str, Any]:
+    """A teacher the user already fine-tuned (`teacher.finetuned.<task>`): its head checked against the task, saved
+    as the task's teacher with its dev metrics (what the gate and the students read), nothing trained."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from distillery.io import atomic_dir, write_json
+    from distillery.models import load_model
+    from distillery.task_kinds import task_kind
+
+    kind = task_kind(task, p.data)
+    ref = p.teacher.finetuned[task]
+    source = str(resolve(ref)) if resolve(ref).exists() else ref
+    kind.check_head(AutoConfig.from_pretrained(source, trust_remote_code=False), f"teacher.finetuned.{task}: {ref}")
+    model, tokenizer = load_model(source, head=kind.head), AutoTokenizer.from_pretrained(source)
+    if getattr(kind, "spec", None) is not None and kind.spec.labels:  # the task's label names travel with it
+        model.config.id2label, model.config.label2id = kind.spec.id2label, kind.spec.label2id
+    with atomic_dir(paths.teacher(task) / "model") as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        metrics, _ = kind.evaluate(tmp, load_task(task), p.data.max_length)
+        write_json(tmp / "metrics.json", {f"eval_{k}": v for k, v in metrics.items()})
+    return {"metrics": {f"dev_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))},
+            "metrics_file": paths.teacher(task) / "model" / "metrics.json"}
 
 
 class TeacherGateError(SkipStage, UserError, RuntimeError):
@@ -211,6 +238,11 @@ def _finetune_source_deps(p: Params) -> list[Path]:
     return _pretrain_deps(p)[1:]
 
 
+def _given_teacher_deps(p: Params, task: str) -> list[Path]:
+    local = resolve(p.teacher.finetuned[task])
+    return [local] if local.exists() else []
+
+
 PRETRAIN = Stage(
     "pretrain", distributed(run_pretrain), device="shared", curve=True,
     deps=lambda p, _: _pretrain_deps(p),
@@ -221,7 +253,8 @@ PRETRAIN = Stage(
 )
 FINETUNE_TEACHER = Stage(
     "finetune_teacher", distributed(run_finetune_teacher), device="shared", curve=True,
-    deps=lambda p, t: [paths.task_data(t)] + _finetune_source_deps(p),
+    deps=lambda p, t: [paths.task_data(t)] + (_given_teacher_deps(p, t) if t in p.teacher.finetuned
+                                              else _finetune_source_deps(p)),
     outs=lambda p, t: [paths.teacher(t) / "model"],
     params=lambda p, t: {"seed": p.seed, **encoding(p, t),
                          "finetune": p.finetune.model_dump(mode="json", exclude={"min_gain_over_trivial",

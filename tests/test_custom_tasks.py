@@ -5,6 +5,7 @@ loader on a slice of a real GLUE task (read from ../shared at test time, skipped
 from __future__ import annotations
 
 import csv
+import re
 import json
 from pathlib import Path
 
@@ -261,3 +262,86 @@ def _tok():
 
     vocab = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "vocab" / "bert-base-uncased-vocab.txt"
     return BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True)
+
+
+# ------------------------------------------------------------------------------------------------ a given teacher
+
+def _classifier(path: Path, num_labels: int, names: list[str] | None = None, head: bool = True) -> Path:
+    import torch
+    import transformers
+
+    path.mkdir(parents=True)
+    words = "my card was charged twice the app crashes on start how do i change name refund please again it".split()
+    (path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ","] + words) + "\n")
+    tok = transformers.BertTokenizerFast(vocab_file=str(path / "vocab.txt"))
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, max_position_embeddings=64, num_labels=num_labels,
+                                  **({"id2label": dict(enumerate(names))} if names else {}))
+    (transformers.BertForSequenceClassification if head else transformers.BertModel)(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture()
+def project(tmp_path, monkeypatch):
+    from tasks import paths
+
+    for name, sub in (("ROOT", None), ("DATA", "data"), ("MODELS", "models"), ("METRICS", "metrics")):
+        monkeypatch.setattr(paths, name, tmp_path / sub if sub else tmp_path)
+    return tmp_path
+
+
+def _given(project, teacher: Path):
+    from tasks import paths
+
+    p = parse_params({"data": {"source": "demo", "tasks": ["tickets"], "custom": {"tickets": tickets(project)},
+                               "max_length": 16},
+                      "teacher": {"init": "scratch", "shape": {"layers": 1, "hidden": 16, "heads": 2,
+                                                               "intermediate": 32},
+                                  "finetuned": {"tickets": str(teacher)}},
+                      "students": {"tiny": {"recipe": "tinybert", "shape": {"layers": 1, "hidden": 16, "heads": 2,
+                                                                             "intermediate": 32}}}},
+                     str(project / "params.yaml"))
+    custom_tasks.load("tickets", p.data.custom["tickets"], project).save_to_disk(str(paths.task_data("tickets")))
+    return p
+
+
+def test_a_teacher_you_fine_tuned_is_evaluated_not_trained(project):
+    """Its head fits (3 labels named as the task's): saved as the task's teacher with its dev metrics, which the gate
+    and every student read; its weights are the given ones, untouched."""
+    import json
+
+    import torch
+    import transformers
+
+    from tasks import paths
+    from tasks.teacher import gate_failure, run_finetune_teacher
+
+    given = _classifier(project / "mine", 3, ["billing", "bug", "other"])
+    p = _given(project, given)
+    result = run_finetune_teacher(p, "tickets")
+    saved = paths.teacher("tickets") / "model"
+    metrics = json.loads((saved / "metrics.json").read_text())
+    assert set(metrics) == {"eval_accuracy", "eval_macro_f1"} and "curve" not in result
+    ours = transformers.AutoModelForSequenceClassification.from_pretrained(saved)
+    theirs = transformers.AutoModelForSequenceClassification.from_pretrained(given)
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), theirs.state_dict().values()))
+    assert ours.config.id2label == {0: "billing", 1: "bug", 2: "other"}
+    gate_failure(p, "tickets")  # the gate reads its dev score (pass or fail, it has one)
+
+
+@pytest.mark.parametrize("num_labels, names, head, message", [
+    (2, None, True, "its head has 2 outputs, tickets has 3"),
+    (3, ["bug", "billing", "other"], True, "its labels are ['bug', 'billing', 'other']"),
+    (3, None, False, "not a fine-tuned classifier (BertModel"),
+])
+def test_a_teacher_whose_head_does_not_fit_is_refused(project, num_labels, names, head, message):
+    from distillery.errors import UserError
+    from tasks import paths
+    from tasks.teacher import run_finetune_teacher
+
+    p = _given(project, _classifier(project / "mine", num_labels, names, head))
+    with pytest.raises(UserError, match=re.escape(message)):
+        run_finetune_teacher(p, "tickets")
+    assert not (paths.teacher("tickets") / "model").exists()  # nothing half-written
