@@ -14,6 +14,7 @@ import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from distillery.errors import UserError
+from distillery.io import resolve_path
 from distillery.models import Dims
 from distillery.recipes import (
     INIT_KINDS,
@@ -543,12 +544,6 @@ def parse_params(data: dict[str, Any], path: str = "params.yaml", root: Path | N
 
         custom_tasks.register(p.data.custom, _root(path, root))
     return p
-
-
-def resolve_path(path: str, root: Path) -> Path:
-    """A params path: absolute, ~-expanded, or relative to the project root."""
-    p = Path(path).expanduser()
-    return p if p.is_absolute() else (root / p).resolve()
 
 
 def teacher_dims(p: Params, root: Path) -> Dims | None:

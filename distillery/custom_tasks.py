@@ -27,6 +27,7 @@ from typing import Any, Iterator, Mapping
 import datasets
 
 from distillery.errors import InputNotFoundError, UserError
+from distillery.io import resolve_path
 
 #: formats of a task of your own, by file extension (.json is JSON Lines, as .jsonl)
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
@@ -150,7 +151,7 @@ def _split_records(cfg: Any, split: str, root: Path) -> tuple[str, Iterator[tupl
     """(what it is, its rows, the Hub's label names when the label column is a ClassLabel)."""
     if cfg.hub:
         return _hub_records(cfg, split)
-    path = _resolve(getattr(cfg, split), root)
+    path = resolve_path(getattr(cfg, split), root)
     return str(path), _records(path), None
 
 
@@ -247,10 +248,4 @@ def load(name: str, cfg: Any, root: Path) -> datasets.DatasetDict:
 
 def inputs(cfg: Any, root: Path) -> list[Path]:
     """The files of a task of your own (its stage's inputs: a changed file is a changed input); none for the Hub."""
-    return [] if cfg.hub else [_resolve(getattr(cfg, s), root) for s in SPLIT_NAMES if getattr(cfg, s)]
-
-
-def _resolve(path: str, root: Path) -> Path:
-    """A params path: absolute, ~-expanded, or relative to the project root (as the params' other paths)."""
-    p = Path(path).expanduser()
-    return p if p.is_absolute() else (root / p).resolve()
+    return [] if cfg.hub else [resolve_path(getattr(cfg, s), root) for s in SPLIT_NAMES if getattr(cfg, s)]

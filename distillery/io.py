@@ -75,3 +75,9 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
 
 def write_json(path: str | os.PathLike, obj: Any) -> Path:
     return write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def resolve_path(path: str, root: Path) -> Path:
+    """A params path: absolute, ~-expanded, or relative to the project root."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else (root / p).resolve()

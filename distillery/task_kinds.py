@@ -16,9 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import numpy as np
-
 SPAN_TASKS = {"squad": "1.1", "squad_v2": "2.0"}
+
+
+def extra_split(task: str, split: str) -> str:
+    """The name, inside a task's prepared data, of a split of a task its model also predicts (e.g. mnli_mm__dev)."""
+    return f"{task.replace('-', '_')}__{split}"
 
 
 def grouping(group_by_length: bool) -> dict[str, Any]:
@@ -34,6 +37,10 @@ class ClassificationKind:
     augmentable = True
     #: the teacher's logits of the training set are a fixed-width column (computed once per grid)
     caches_teacher_logits = True
+    #: test-split predictions go to files (the GLUE server's format); a span task writes its dev answers instead
+    submits_test_predictions = True
+    #: the registered model's pyfunc (`tasks/pyfunc_<name>.py`)
+    pyfunc = "classifier"
 
     def __init__(self, task: str, group_by_length: bool = False) -> None:
         from distillery import glue
@@ -89,11 +96,81 @@ class ClassificationKind:
         return {**metrics, "main": self.main_score(metrics)}
 
     def evaluate(self, model_dir: Path, data, max_length: int, predictions_file: Path | None = None, session=None):
-        """(dev metrics, test logits or None) of the model saved in `model_dir` (`session`, `predictions_file`: the
-        span kind's; unused here)."""
+        """(dev metrics, test logits or None) of the model saved in `model_dir`, or of `session` (its exported copy,
+        `distillery.efficiency.OnnxModel`: dev metrics only). `predictions_file`: the span kind's; unused here."""
+        from distillery import glue
         from distillery.evaluation import evaluate_model
 
-        return evaluate_model(model_dir, self.task, data, max_length=max_length)
+        if session is None:
+            return evaluate_model(model_dir, self.task, data, max_length=max_length)
+        from transformers import AutoTokenizer
+
+        dev = glue.encode(data, AutoTokenizer.from_pretrained(str(model_dir)), self.task, max_length)["dev"]
+        features = {c: dev[c][:] for c in ("input_ids", "attention_mask", "token_type_ids") if c in dev.column_names}
+        return glue.compute_metrics(self.task, session.predict(features), dev["labels"][:]), None
+
+    def load(self, data, root: Path, raw: Path, seed: int):
+        """The task's splits ({"train", "dev"[, "test"]} and the extra tasks' splits, `extra_split`) from where
+        params say: a task of your own (`data.custom`), the demo generator (writing its files under `raw`), a GLUE
+        directory or the Hub. Relative paths start at `root`."""
+        from distillery import custom_tasks, demo, glue
+        from distillery.io import resolve_path
+
+        if self.task in data.custom:
+            return custom_tasks.load(self.task, data.custom[self.task], root)
+        if data.source == "demo":
+            demo.make_demo_task(raw / self.task, n_train=data.demo_train, n_dev=data.demo_dev, n_test=data.demo_test,
+                                seed=seed)
+            return glue.load_local(self.task, raw)
+
+        def one(task: str):
+            return glue.load_local(task, resolve_path(data.glue_dir, root)) if data.source == "local" \
+                else glue.load_hub(task)
+
+        dsd = one(self.task)
+        for extra in self.extra_tasks():  # MNLI's model also predicts MNLI-mm and AX: keep their splits
+            for split, ds in one(extra).items():
+                dsd[extra_split(extra, split)] = ds
+        return dsd
+
+    def extra_tasks(self) -> tuple[str, ...]:
+        """Tasks predicted by this task's model without training data of their own (MNLI: MNLI-mm and AX)."""
+        from distillery import glue
+
+        return glue.tasks_evaluated_with(self.task)[1:]
+
+    def encoding_params(self) -> dict[str, Any]:
+        """The data settings beyond `max_length` that shape the encoded inputs (a stage's cache key): none."""
+        return {}
+
+    def card(self, data) -> dict[str, Any]:
+        """What a model card says about the task: Hub pipeline tag, model-index task and dataset, a description, a
+        use example (`data`: the params' data section)."""
+        from distillery import glue
+
+        spec = self.spec
+        own = spec.name not in glue.TASKS  # a task of your own (data.custom)
+        return {"pipeline_tag": "text-classification", "tag": "glue" if self.task in glue.GLUE_TASKS else self.task,
+                "type": "text-regression" if spec.is_regression else "text-classification",
+                "dataset": {"name": f"GLUE {spec.glue_name}" if spec.submission_file else spec.glue_name,
+                            "type": "nyu-mll/glue" if spec.hub_config else "own data" if own else "generated",
+                            **({"config": spec.hub_config} if spec.hub_config else {}), "split": "dev"},
+                "hub": "nyu-mll/glue" if spec.hub_config else None,
+                "what": f"{spec.glue_name} ({'regression' if spec.is_regression else 'labels ' + ', '.join(spec.labels)})",
+                "use": ('model.predict(pd.DataFrame({"text": ["first sentence"], "text_pair": ["second sentence"]}))'
+                        if spec.is_pair else 'model.predict(["a sentence"])')}
+
+    def serving(self, data, dev, null_threshold: float = 0.0) -> dict[str, Any]:
+        """What the registered model takes and answers: input and output columns ((name or None, type)), its
+        configuration, an input example from the `dev` rows; None as an input name: a plain list of texts works."""
+        spec = self.spec
+        pair = spec.is_pair
+        return {"inputs": [("text", "string"), ("text_pair", "string")] if pair else [(None, "string")],
+                "outputs": [("score", "double")] if spec.is_regression else [("label", "string"), ("score", "double")],
+                "config": {"task": self.task, "labels": list(spec.labels), "regression": spec.is_regression,
+                           "pair": pair, "max_length": data.max_length},
+                "example": {"text": dev["text_a"][:], **({"text_pair": dev["text_b"][:]} if pair else {})},
+                "ships_library": False}
 
     def check_head(self, config, source: str) -> None:
         """A fine-tuned model's head fits the task: a sequence-classification head with the task's number of labels
@@ -121,6 +198,50 @@ class SpanKind:
     metric_names = ("em", "f1")  # the official exact match and F1, 0-100
     augmentable = False  # TinyBERT appendix B: SQuAD's prediction layer is distilled on the original data
     caches_teacher_logits = False  # each feature's logits have its own length: the teacher runs beside the student
+    submits_test_predictions = False  # its dev answers in the official format instead
+    pyfunc = "reader"
+
+    def load(self, data, root: Path, raw: Path, seed: int):
+        """{"train", "dev"}: the Hub's official splits, or one local SQuAD file split by article (never a paragraph
+        on both sides; not the official split). `raw`, `seed`: the classification kind's; unused here."""
+        from datasets import DatasetDict
+
+        from distillery import squad
+        from distillery.io import resolve_path
+
+        if data.source == "hub":
+            dsd = squad.load_hub(self.version)
+        else:
+            dsd = squad.load_squad_split(resolve_path(data.squad_file, root), data.squad_eval_articles,
+                                         data.squad_split_seed, version=self.version)
+        return DatasetDict({"train": dsd["train"], "dev": dsd["validation"]})
+
+    def extra_tasks(self) -> tuple[str, ...]:
+        return ()
+
+    def encoding_params(self) -> dict[str, Any]:
+        """The windows over the context (a stage's cache key)."""
+        return {"doc_stride": self.doc_stride, "max_query_length": self.max_query_length}
+
+    def card(self, data) -> dict[str, Any]:
+        hub = f"rajpurkar/{self.task}" if data.source == "hub" else None
+        split = "validation" if hub else f"the last {data.squad_eval_articles} articles of {data.squad_file}"
+        return {"pipeline_tag": "question-answering", "type": "question-answering", "tag": self.task,
+                "dataset": {"name": f"SQuAD v{self.version}", "type": hub or "local", "split": split},
+                "hub": hub, "what": f"SQuAD v{self.version} (extractive question answering: an answer span of the context)",
+                "use": 'model.predict(pd.DataFrame({"question": ["who wrote it?"], '
+                       '"context": ["It was written by Ann in 1990."]}))  # answer, score, start, end'}
+
+    def serving(self, data, dev, null_threshold: float = 0.0) -> dict[str, Any]:
+        """The reader: {question, context} -> {answer, score, start, end}, shipped with the library's SQuAD windows
+        and answer extraction; `null_threshold`: SQuAD v2.0's null-odds threshold (the student's best on dev)."""
+        return {"inputs": [("question", "string"), ("context", "string")],
+                "outputs": [("answer", "string"), ("score", "double"), ("start", "long"), ("end", "long")],
+                "config": {"task": self.task, "version": self.version, "max_length": data.max_length,
+                           "doc_stride": data.doc_stride, "max_query_length": data.max_query_length,
+                           "null_threshold": null_threshold},
+                "example": {"question": dev["question"][:], "context": dev["context"][:]},
+                "ships_library": True}
 
     def __init__(self, task: str, doc_stride: int = 128, max_query_length: int = 64, group_by_length: bool = False
                  ) -> None:

@@ -18,54 +18,10 @@ def _subset(ds, n: int | None, seed: int):
     return ds if n is None or len(ds) <= n else ds.shuffle(seed=seed).select(range(n))
 
 
-def _load(p: Params, task: str):
-    from distillery import glue
-
-    return glue.load_local(task, resolve(p.data.glue_dir)) if p.data.source == "local" else glue.load_hub(task)
-
-
-def extra_split(task: str, split: str) -> str:
-    """Split name, inside the MNLI data, of another task's split (e.g. mnli_mm__dev)."""
-    return f"{task.replace('-', '_')}__{split}"
-
-
-def _load_span(p: Params, task: str):
-    """A SQuAD task's questions: {"train", "dev"}, from the Hub's official splits or one local file split by
-    article (never a paragraph on both sides; not the official split)."""
-    from datasets import DatasetDict
-
-    from distillery import squad
-    from distillery.task_kinds import SPAN_TASKS
-
-    if p.data.source == "hub":
-        dsd = squad.load_hub(SPAN_TASKS[task])
-    else:
-        dsd = squad.load_squad_split(resolve(p.data.squad_file), p.data.squad_eval_articles, p.data.squad_split_seed,
-                                     version=SPAN_TASKS[task])
-    return DatasetDict({"train": dsd["train"], "dev": dsd["validation"]})
-
-
 def run_prepare_task(p: Params, task: str) -> dict[str, Any]:
-    from distillery import demo, glue
-    from distillery.task_kinds import is_span
+    from distillery.task_kinds import task_kind
 
-    if is_span(task):
-        dsd = _load_span(p, task)
-    elif task in p.data.custom:
-        from distillery import custom_tasks
-
-        dsd = custom_tasks.load(task, p.data.custom[task], paths.ROOT)
-    elif p.data.source == "demo":
-        raw = paths.raw_task(task)
-        demo.make_demo_task(raw / task, n_train=p.data.demo_train, n_dev=p.data.demo_dev,
-                            n_test=p.data.demo_test, seed=p.seed)
-        dsd = glue.load_local(task, raw)
-    else:
-        dsd = _load(p, task)
-        # MNLI's model also predicts MNLI-mm and AX (no training data of their own): keep their splits.
-        for extra in glue.tasks_evaluated_with(task)[1:]:
-            for split, ds in _load(p, extra).items():
-                dsd[extra_split(extra, split)] = ds
+    dsd = task_kind(task, p.data).load(p.data, paths.ROOT, paths.raw_task(task), p.seed)
     if "train" in dsd:
         dsd["train"] = _subset(dsd["train"], p.data.max_train_examples, p.seed)
     for split in [s for s in dsd if s != "train" and not s.endswith("test")]:  # test stays whole: the GLUE server wants every row
@@ -153,7 +109,7 @@ PREPARE_TASK = Stage(
     outs=lambda p, t: [paths.task_data(t)],
     params=lambda p, t: {"seed": p.seed, "data": p.data.model_dump(mode="json")},
     code=("distillery/glue", "distillery/squad/data.py", "distillery/demo.py", "distillery/custom_tasks.py",
-          "tasks/data.py"),
+          "distillery/task_kinds.py", "tasks/data.py"),
 )
 PREPARE_CORPUS = Stage(
     "prepare_corpus", run_prepare_corpus,

@@ -8,14 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from tasks import paths
-from tasks.data import extra_split
 from tasks.stage import Stage, skipped, write_skipped
 from tasks.teacher import encoding, gate_failure, load_task, trivial_baseline
 
 from distillery.config import Params
 from distillery.io import write_json
 from distillery.report import retention
-from distillery.task_kinds import is_span, task_kind
+from distillery.task_kinds import extra_split, task_kind
 
 
 def evaluated_models(p: Params, task: str) -> dict[str, Path]:
@@ -44,20 +43,17 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
 
     from distillery import glue, precision
     from distillery.efficiency import flops_per_example, parameter_counts
-    from distillery.evaluation import evaluate_model
     from distillery.models import load_model
 
     data = load_task(task)
-    kind, span = task_kind(task, p.data), is_span(task)
+    kind = task_kind(task, p.data)
     failure = gate_failure(p, task)  # not distilled: every model's submission files get the trivial predictions
 
     def evaluate(name: str, model_dir: Path, form: str = "fp32"):
         """Dev metrics (and test logits) of the model's fp32 forward, or of its bf16 autocast forward (`form`)."""
-        with precision.use(form):
-            if span:  # dev answers in the official format: metrics/answers/<task>/<model>/predictions.json
-                return kind.evaluate(model_dir, data, p.data.max_length,
-                                     paths.answers(task, name) if form == "fp32" else None)
-            return evaluate_model(model_dir, task, data, max_length=p.data.max_length)
+        with precision.use(form):  # a span task writes its dev answers (metrics/answers/<task>/<model>/)
+            return kind.evaluate(model_dir, data, p.data.max_length,
+                                 paths.answers(task, name) if form == "fp32" else None)
 
     results: dict[str, dict[str, Any]] = {}
     for name, model_dir in present(evaluated_models(p, task)).items():
@@ -72,10 +68,10 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
         }
         if test_logits is not None and failure is None:
             glue.write_submission(task, test_logits, paths.predictions(task) / name, indices=data["test"]["idx"][:])
-        for extra in () if span else glue.tasks_evaluated_with(task)[1:]:  # MNLI-mm and AX from the MNLI model
+        for extra in kind.extra_tasks():  # MNLI-mm and AX from the MNLI model
             extra_data = DatasetDict({s: data[extra_split(extra, s)] for s in ("dev", "test")
                                       if extra_split(extra, s) in data})
-            extra_metrics, extra_test = evaluate_model(model_dir, extra, extra_data, max_length=p.data.max_length)
+            extra_metrics, extra_test = task_kind(extra).evaluate(model_dir, extra_data, p.data.max_length)
             results[name].update({f"{extra}.{k}": v for k, v in extra_metrics.items()})
             if extra_test is not None and failure is None:
                 glue.write_submission(extra, extra_test, paths.predictions(task) / name,
@@ -91,7 +87,7 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
     results["teacher"]["passed_gate"] = failure is None
     if failure is not None:
         results["teacher"]["gate"] = str(failure)
-        if not span:
+        if kind.submits_test_predictions:
             _trivial_submission(p, task, data)
     if bf16_served(p):  # each student served in bf16 (PyTorch autocast): its dev score beside the fp32 one
         for name in [s for s in p.students if s in results]:
@@ -140,7 +136,6 @@ def _export(p: Params, task: str, student: str, data, result: dict[str, Any]):
     model's dev metrics next to the fp32 ones; returns the int8 model for timing."""
     from transformers import AutoTokenizer
 
-    from distillery import glue
     from distillery.efficiency import OnnxModel, disk_size_bytes, export_onnx, quantize_onnx
 
     model_dir = paths.student(student, task) / "model"
@@ -149,13 +144,9 @@ def _export(p: Params, task: str, student: str, data, result: dict[str, Any]):
     int8_path = quantize_onnx(out / "model.onnx", out / "model.int8.onnx")
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     int8 = OnnxModel(int8_path, vocab_size=len(tokenizer))
+    # the same inputs (a span task: windows, answers, official EM/F1) and metrics as the PyTorch model's row
     kind = task_kind(task, p.data)
-    if is_span(task):  # the same windows, answers and official EM/F1 as the PyTorch model's row
-        metrics, _ = kind.evaluate(model_dir, data, p.data.max_length, session=int8)
-    else:
-        dev = glue.encode(data, tokenizer, task, p.data.max_length)["dev"]
-        features = {c: dev[c][:] for c in ("input_ids", "attention_mask", "token_type_ids") if c in dev.column_names}
-        metrics = glue.compute_metrics(task, int8.predict(features), dev["labels"][:])
+    metrics, _ = kind.evaluate(model_dir, data, p.data.max_length, session=int8)
     result.update({
         "onnx_max_abs_diff": exported.max_abs_diff,
         "bytes_fp32_onnx": disk_size_bytes(out / "model.onnx"),
@@ -221,7 +212,7 @@ def run_report(p: Params, _: str | None) -> dict[str, Any]:
               for t in p.data.tasks if not summary[t]["teacher"]["passed_gate"]]
     written = write_report(summary, paths.REPORTS, loss_curves=curves, latency=latency or None, teacher="teacher",
                            notes=notes, lines=failed)
-    if any(not is_span(t) for t in p.data.tasks):  # the GLUE server's files
+    if any(task_kind(t).submits_test_predictions for t in p.data.tasks):  # the GLUE server's files
         written += [_zip_predictions(p, model) for model in _models(p)]
     return {"artifacts": [str(w) for w in written] + [str(paths.summary())]}
 
@@ -238,7 +229,7 @@ def _zip_predictions(p: Params, model: str) -> Path:
     from distillery import glue
 
     with tempfile.TemporaryDirectory() as tmp:
-        for task in [t for t in p.data.tasks if not is_span(t)]:
+        for task in [t for t in p.data.tasks if task_kind(t).submits_test_predictions]:
             for f in sorted((paths.predictions(task) / model).glob("*.tsv")):
                 shutil.copyfile(f, Path(tmp) / f.name)
         return glue.zip_submission(tmp, paths.submission() / f"{model}.zip")
@@ -246,7 +237,7 @@ def _zip_predictions(p: Params, model: str) -> Path:
 
 def predictions_dir(task: str) -> Path:
     """A task's predictions: GLUE test files for the server; a span task's dev answers in the official format."""
-    return paths.answers_dir(task) if is_span(task) else paths.predictions(task)
+    return paths.predictions(task) if task_kind(task).submits_test_predictions else paths.answers_dir(task)
 
 
 def _models(p: Params) -> list[str]:

@@ -32,11 +32,11 @@ from tasks.stage import SkipStage, Stage, fingerprint, skipped, split_item
 from distillery.config import Params
 from distillery.io import write_json
 from distillery.report import retention
-from distillery.task_kinds import SPAN_TASKS, is_span, task_kind
+from distillery.task_kinds import task_kind
 
 CANDIDATE, CHAMPION = "candidate", "champion"
-PYFUNC_CODE = Path(__file__).with_name("pyfunc_classifier.py")
-PYFUNC_READER = Path(__file__).with_name("pyfunc_reader.py")
+#: the pyfunc of each task kind (`TaskKind.pyfunc`)
+PYFUNC = {name: Path(__file__).with_name(f"pyfunc_{name}.py") for name in ("classifier", "reader")}
 
 
 def pip_requirements(span: bool = False) -> list[str]:
@@ -133,29 +133,8 @@ def promotion(main: float, champion_main: float | None, champion_version: str | 
 # ------------------------------------------------------------------------------------------------ model card
 
 def _card_task(p: Params, task: str) -> dict[str, Any]:
-    """What the model card says about the task: Hub pipeline tag, model-index task and dataset, a description and
-    a use example."""
-    from distillery import glue
-
-    if is_span(task):
-        version = SPAN_TASKS[task]
-        hub = f"rajpurkar/{task}" if p.data.source == "hub" else None
-        split = "validation" if hub else f"the last {p.data.squad_eval_articles} articles of {p.data.squad_file}"
-        return {"pipeline_tag": "question-answering", "type": "question-answering", "tag": task,
-                "dataset": {"name": f"SQuAD v{version}", "type": hub or "local", "split": split},
-                "hub": hub, "what": f"SQuAD v{version} (extractive question answering: an answer span of the context)",
-                "use": 'model.predict(pd.DataFrame({"question": ["who wrote it?"], '
-                       '"context": ["It was written by Ann in 1990."]}))  # answer, score, start, end'}
-    spec = glue.get_task(task)
-    return {"pipeline_tag": "text-classification", "tag": "glue" if task in glue.GLUE_TASKS else task,
-            "type": "text-regression" if spec.is_regression else "text-classification",
-            "dataset": {"name": f"GLUE {spec.glue_name}" if spec.submission_file else spec.glue_name,
-                        "type": "nyu-mll/glue" if spec.hub_config else "generated",
-                        **({"config": spec.hub_config} if spec.hub_config else {}), "split": "dev"},
-            "hub": "nyu-mll/glue" if spec.hub_config else None,
-            "what": f"{spec.glue_name} ({'regression' if spec.is_regression else 'labels ' + ', '.join(spec.labels)})",
-            "use": ('model.predict(pd.DataFrame({"text": ["first sentence"], "text_pair": ["second sentence"]}))'
-                    if spec.is_pair else 'model.predict(["a sentence"])')}
+    """What the model card says about the task (`TaskKind.card`)."""
+    return task_kind(task, p.data).card(p.data)
 
 
 def model_card(p: Params, student: str, task: str, metrics: dict[str, Any]) -> str:
@@ -238,42 +217,30 @@ def _tag(value: Any) -> str:
 
 
 def serving(p: Params, task: str, null_threshold: float) -> dict[str, Any]:
-    """`mlflow.pyfunc.log_model` keywords of the task's pyfunc: its code, configuration, signature, two dev examples
-    as the input example, requirements (and, for a span task, the library as its code). `null_threshold`: SQuAD
-    v2.0's null-odds threshold the reader answers "" above (the student's best-F1 threshold on dev)."""
+    """`mlflow.pyfunc.log_model` keywords of the task's pyfunc (`TaskKind.serving`: its columns, configuration and
+    input example, here two dev examples): its code, signature, requirements (and, for a reader, the library as its
+    code). `null_threshold`: SQuAD v2.0's null-odds threshold the reader answers "" above."""
     import pandas as pd
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, DataType, Schema
 
-    from distillery import glue
     from tasks.teacher import load_task
 
     dev = load_task(task)["dev"]
-    rows = dev.select(range(min(2, len(dev))))
-    if is_span(task):
+    kind = task_kind(task, p.data)
+    io = kind.serving(p.data, dev.select(range(min(2, len(dev)))), null_threshold)
+
+    def schema(columns) -> Schema:
+        return Schema([ColSpec(getattr(DataType, kind_), *([name] if name else [])) for name, kind_ in columns])
+
+    out = {"python_model": str(PYFUNC[kind.pyfunc]), "model_config": io["config"],
+           "signature": ModelSignature(inputs=schema(io["inputs"]), outputs=schema(io["outputs"])),
+           "pip_requirements": pip_requirements(span=io["ships_library"]), "input_example": pd.DataFrame(io["example"])}
+    if io["ships_library"]:
         import distillery
 
-        signature = ModelSignature(
-            inputs=Schema([ColSpec(DataType.string, "question"), ColSpec(DataType.string, "context")]),
-            outputs=Schema([ColSpec(DataType.string, "answer"), ColSpec(DataType.double, "score"),
-                            ColSpec(DataType.long, "start"), ColSpec(DataType.long, "end")]))
-        return {"python_model": str(PYFUNC_READER), "code_paths": [str(Path(distillery.__file__).parent)],
-                "model_config": {"task": task, "version": SPAN_TASKS[task], "max_length": p.data.max_length,
-                                 "doc_stride": p.data.doc_stride, "max_query_length": p.data.max_query_length,
-                                 "null_threshold": null_threshold},
-                "signature": signature, "pip_requirements": pip_requirements(span=True),
-                "input_example": pd.DataFrame({"question": rows["question"][:], "context": rows["context"][:]})}
-    spec = glue.get_task(task)
-    inputs = (Schema([ColSpec(DataType.string, "text"), ColSpec(DataType.string, "text_pair")]) if spec.is_pair
-              else Schema([ColSpec(DataType.string)]))  # unnamed: a plain list of sentences works too
-    outputs = (Schema([ColSpec(DataType.double, "score")]) if spec.is_regression
-               else Schema([ColSpec(DataType.string, "label"), ColSpec(DataType.double, "score")]))
-    example = {"text": rows["text_a"][:], **({"text_pair": rows["text_b"][:]} if spec.is_pair else {})}
-    return {"python_model": str(PYFUNC_CODE),
-            "model_config": {"task": task, "labels": list(spec.labels), "regression": spec.is_regression,
-                             "pair": spec.is_pair, "max_length": p.data.max_length},
-            "signature": ModelSignature(inputs=inputs, outputs=outputs), "pip_requirements": pip_requirements(),
-            "input_example": pd.DataFrame(example)}
+        out["code_paths"] = [str(Path(distillery.__file__).parent)]
+    return out
 
 
 def run_register(p: Params, item: str) -> dict[str, Any]:

@@ -103,11 +103,9 @@ def teacher_name(p: Params) -> str:
 def encoding(p: Params, task: str) -> dict[str, Any]:
     """The params that shape a task's encoded inputs and their batches (a stage's cache key): the length, a span
     task's windows, and the length grouping of its training when on."""
-    from distillery.task_kinds import is_span
+    from distillery.task_kinds import task_kind
 
-    out: dict[str, Any] = {"max_length": p.data.max_length}
-    if is_span(task):
-        out.update(doc_stride=p.data.doc_stride, max_query_length=p.data.max_query_length)
+    out: dict[str, Any] = {"max_length": p.data.max_length, **task_kind(task, p.data).encoding_params()}
     if p.data.group_by_length:
         out["group_by_length"] = True
     return out

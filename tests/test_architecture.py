@@ -144,17 +144,14 @@ def test_recipes_own_their_stages():
     assert {"teacher_assistant", "ib_teacher", "knowledge_transfer", "general_distillation"} <= set(folders)
 
 
-#: modules of tasks/ and flows/ that still ask whether a task is a span task (the rest ask its `task_kind`)
-SPAN_BRANCHES_LEFT = {"tasks/data.py", "tasks/evaluate.py", "tasks/register.py", "tasks/teacher.py"}
-
-
 def test_task_kinds_own_their_branching():
+    """tasks/ and flows/ never ask whether a task is a span task: they ask its `task_kind`."""
     found = set()
     for path in [*(ROOT / "tasks").rglob("*.py"), *(ROOT / "flows").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Name) and node.id in ("is_span", "SPAN_TASKS"):
                 found.add(path.relative_to(ROOT).as_posix())
-    assert found <= SPAN_BRANCHES_LEFT, f"span branches outside distillery/task_kinds.py: {found - SPAN_BRANCHES_LEFT}"
+    assert not found, f"span branches outside distillery/task_kinds.py: {found}"
 
 
 def test_the_checks_see_the_code():
