@@ -31,6 +31,21 @@ class Built(NamedTuple):
     seconds: float  # how long that command took
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`-n`, `--dist loadgroup`), the tests that share a session- or module-scoped fixture of this
+    suite run on one worker, so the fixture (a whole pipeline run, a server stack) is built once."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        for name in info.names_closure:
+            defs = info.name2fixturedefs.get(name)
+            if defs and defs[-1].scope in ("session", "package", "module") and defs[-1].baseid:
+                item.add_marker(pytest.mark.xdist_group(f"{name}@{defs[-1].baseid}"))
+                break
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models run fastest on one intra-op thread (and do not thrash a loaded 2-core machine)."""
