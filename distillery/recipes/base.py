@@ -113,6 +113,18 @@ class TeacherLayersInit(Section):
         return v
 
 
+class PrunedInit(Section):
+    """Width from the teacher (``distillery.pruning``, Minitron's activation importance): the teacher's
+    ``teacher_layers`` and, in them, its most important heads, FFN neurons and hidden channels for the student's
+    shape, ranked on ``samples`` real inputs (the task's training set, or the corpus for general distillation)."""
+
+    kind: Literal["pruned"] = "pruned"
+    teacher_layers: list[int] | Literal["auto"] = "auto"
+    samples: int = Field(512, ge=1)
+
+    _distinct = field_validator("teacher_layers")(TeacherLayersInit._distinct.__func__)
+
+
 class CheckpointInit(Section):
     """A released general student (local directory or Hub name): skips general distillation."""
 
@@ -120,25 +132,27 @@ class CheckpointInit(Section):
     checkpoint: str = Field(min_length=1)
 
 
-Init = Annotated[Union[RandomInit, TeacherLayersInit, CheckpointInit], Field(discriminator="kind")]
-INIT_KINDS = ("random", "teacher_layers", "checkpoint")
+Init = Annotated[Union[RandomInit, TeacherLayersInit, PrunedInit, CheckpointInit], Field(discriminator="kind")]
+INIT_KINDS = ("random", "teacher_layers", "pruned", "checkpoint")
 
 
 def _init_from_yaml(v: Any) -> Any:
-    """``random`` | ``{teacher_layers: [...]}`` | ``{checkpoint: ...}`` -> a tagged dict."""
+    """``random`` | ``teacher_layers`` | ``pruned`` | ``{teacher_layers: [...]}`` | ``{pruned: {teacher_layers: [...],
+    samples: N}}`` | ``{checkpoint: ...}`` -> a tagged dict."""
     if isinstance(v, str):
-        if v == "random":
-            return {"kind": "random"}
-        if v == "teacher_layers":
-            return {"kind": "teacher_layers"}
-        raise ValueError(f"expected 'random', {{teacher_layers: [...]}} or {{checkpoint: PATH}}, got {v!r}")
+        if v in ("random", "teacher_layers", "pruned"):
+            return {"kind": v}
+        raise ValueError(f"expected 'random', 'pruned', {{teacher_layers: [...]}} or {{checkpoint: PATH}}, got {v!r}")
     if isinstance(v, dict) and "kind" not in v:
         keys = set(v)
         if keys == {"teacher_layers"}:
             return {"kind": "teacher_layers", **v}
         if keys == {"checkpoint"}:
             return {"kind": "checkpoint", **v}
-        raise ValueError(f"expected {{teacher_layers: [...]}} or {{checkpoint: PATH}}, got keys {sorted(keys)}")
+        if keys == {"pruned"}:
+            return {"kind": "pruned", **(v["pruned"] or {})}
+        raise ValueError(f"expected {{teacher_layers: [...]}}, {{pruned: {{...}}}} or {{checkpoint: PATH}}, got keys "
+                         f"{sorted(keys)}")
     return v
 
 
@@ -340,6 +354,21 @@ class Recipe(Section):
                 if max(layers) >= teacher.layers:
                     raise RecipeError(f"{key}.init.teacher_layers: layer {max(layers)} does not exist in a "
                                       f"{teacher.layers}-layer teacher (0..{teacher.layers - 1})")
+        if self.init.kind == "pruned":
+            if s.arch != "bert" or teacher.arch != "bert":
+                raise RecipeError(f"{key}.init: pruned needs a bert teacher and a bert student, got {teacher.arch} and "
+                                  f"{s.arch}")
+            if s.hidden * teacher.heads != s.heads * teacher.hidden or s.hidden > teacher.hidden or \
+                    s.heads > teacher.heads or s.intermediate > teacher.intermediate:
+                raise RecipeError(
+                    f"{key}.shape: pruned cuts the teacher's widths down and keeps its head size "
+                    f"{teacher.hidden // teacher.heads}: hidden <= {teacher.hidden}, heads <= {teacher.heads} with "
+                    f"hidden / heads = {teacher.hidden // teacher.heads}, intermediate <= {teacher.intermediate}; the "
+                    f"shape gives {s.hidden}/{s.heads}/{s.intermediate}")
+            layers = self.init.teacher_layers
+            if layers != "auto" and (len(layers) != s.layers or max(layers) >= teacher.layers):
+                raise RecipeError(f"{key}.init.teacher_layers: {layers} for a {s.layers}-layer student of a "
+                                  f"{teacher.layers}-layer teacher")
         if not self.runs_general and self.init.kind == "random" and not self.task_distills:
             raise RecipeError(f"{key}.general_distillation: a randomly initialised {self.recipe} student needs general "
                               "distillation (or init from teacher_layers / a checkpoint)")
@@ -374,8 +403,8 @@ class Recipe(Section):
 
         tokenizer = AutoTokenizer.from_pretrained(ctx.teacher)
         teacher = AutoModel.from_pretrained(str(self.general_teacher(ctx)))
-        model = self.start_student(teacher, tokenizer, head="base")
         train, n = corpus_dataset(ctx, tokenizer)
+        model = self.start_student(teacher, tokenizer, head="base", data=train)
         spec = self.layer_wise_spec(num_layers(model), num_layers(teacher))
         distill(teacher, model, spec, TrainRun(ctx.out, train, tokenizer=tokenizer, args=ctx.args))
         return {"metrics": {"sequences": n}}
@@ -384,15 +413,21 @@ class Recipe(Section):
         """The model general distillation distils from: the pipeline's teacher (MiniLM: its assistant, when used)."""
         return ctx.teacher
 
-    def start_student(self, teacher, tokenizer, *, head: str = "base", **head_kwargs: Any):
+    def start_student(self, teacher, tokenizer, *, head: str = "base", data=None, **head_kwargs: Any):
         """The student before training, as ``init`` says: random weights of ``shape``; the teacher's embeddings and
         ``teacher_layers`` (DistilBERT modules for a distilbert shape, the teacher's own class otherwise; heads the
-        teacher has are copied); or a general checkpoint."""
+        teacher has are copied); the teacher pruned to ``shape`` (``pruned``: importance measured on ``data``, a
+        dataset of model inputs); or a general checkpoint."""
         from distillery.models import build_student, init_from_teacher_layers, num_layers
 
         shape = self.shape.resolve()
         if self.init.kind == "checkpoint":
             return load_checkpoint_student(self.init.checkpoint, tokenizer, head=head, **head_kwargs)
+        if self.init.kind == "pruned":
+            student = _pruned_student(self.init, teacher, tokenizer, shape, data, head)
+            for k, v in head_kwargs.items():
+                setattr(student.config, k, v)
+            return student
         if self.init.kind == "teacher_layers":
             layers = self.init.teacher_layers
             layers = official_teacher_layers(num_layers(teacher), shape.layers) if layers == "auto" else list(layers)
@@ -430,6 +465,27 @@ def corpus_dataset(ctx: StageContext, tokenizer, max_length: int | None = None):
     return tokenize_texts(texts, tokenizer, length), len(texts)
 
 
+def _pruned_student(init: PrunedInit, teacher, tokenizer, shape, data, head: str):
+    """The teacher pruned to `shape` (`distillery.pruning`), importance measured on the first `init.samples` rows of
+    `data` (the model inputs of a training set)."""
+    from torch.utils.data import DataLoader
+    from transformers import DataCollatorWithPadding
+
+    from distillery.models import num_layers
+    from distillery.pruning import measure_importance, prune_teacher
+
+    if data is None:
+        raise RecipeError("init pruned measures importance on real inputs, and this stage gave none")
+    layers = init.teacher_layers
+    layers = official_teacher_layers(num_layers(teacher), shape.layers) if layers == "auto" else list(layers)
+    keep = [c for c in ("input_ids", "attention_mask", "token_type_ids") if c in data.column_names]
+    sample = data.select(range(min(init.samples, len(data)))).select_columns(keep)
+    loader = DataLoader(sample, batch_size=32, collate_fn=DataCollatorWithPadding(tokenizer))
+    importance = measure_importance(teacher, loader, layers)
+    return prune_teacher(teacher, layers, hidden=shape.hidden, heads=shape.heads, intermediate=shape.intermediate,
+                         importance=importance, head=head)
+
+
 def task_student(recipe: Recipe, ctx: TaskContext, *, general: bool = True) -> Callable[[], Any]:
     """A factory of the task stage's starting student: the general student (when it ran and ``general``), else the
     recipe's init (teacher layers come from the fine-tuned teacher, whose classifier is copied too; a checkpoint
@@ -439,7 +495,8 @@ def task_student(recipe: Recipe, ctx: TaskContext, *, general: bool = True) -> C
             return ctx.load(ctx.general)
     else:
         def factory():
-            return recipe.start_student(ctx.teacher, ctx.tokenizer, head=ctx.head, **ctx.labels)
+            return recipe.start_student(ctx.teacher, ctx.tokenizer, head=ctx.head, data=ctx.data(False)[0],
+                                        **ctx.labels)
     rate = ctx.sections.student_dropout
     if rate is None:
         return factory

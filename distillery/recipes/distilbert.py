@@ -100,9 +100,9 @@ class DistilBertRecipe(Recipe):
 
         tokenizer = AutoTokenizer.from_pretrained(ctx.teacher)
         teacher = AutoModelForMaskedLM.from_pretrained(ctx.teacher)
-        model = self.start_student(teacher, tokenizer, head="mlm")
         train, n = corpus_dataset(ctx, tokenizer)
         train = train.select_columns(["input_ids"])
+        model = self.start_student(teacher, tokenizer, head="mlm", data=train)
         weights = masking_weights(token_counts(train["input_ids"], len(tokenizer)), self.mask_smoothing,
                                   tokenizer.all_special_ids)
         collator = SmoothedMaskingCollator(tokenizer, weights, self.mlm_probability, seed=ctx.seed)
