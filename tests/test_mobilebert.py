@@ -347,10 +347,9 @@ def test_stage_items_follow_the_transfer_strategy():
     import yaml
 
     from distillery.config import parse_params
-    from flows.stages import items
-    from tasks.distill import GENERAL_DISTILLATION
+    from flows.stages import STAGES, items
 
-    _general_deps = GENERAL_DISTILLATION.deps
+    _general_deps = STAGES["general_distillation"].deps
     data = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
     data["students"]["mobilebert-demo"]["transfer"] = "auxiliary"
     p = parse_params(data)

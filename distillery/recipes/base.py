@@ -495,8 +495,8 @@ def task_student(recipe: Recipe, ctx: TaskContext, *, general: bool = True) -> C
             return ctx.load(ctx.general)
     else:
         def factory():
-            return recipe.start_student(ctx.teacher, ctx.tokenizer, head=ctx.head, data=ctx.data(False)[0],
-                                        **ctx.labels)
+            data = ctx.data(False)[0] if recipe.init.kind == "pruned" else None  # pruning ranks on the task's inputs
+            return recipe.start_student(ctx.teacher, ctx.tokenizer, head=ctx.head, data=data, **ctx.labels)
     rate = ctx.sections.student_dropout
     if rate is None:
         return factory
