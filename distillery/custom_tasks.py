@@ -54,7 +54,10 @@ def task_spec(name: str, cfg: Any, root: Path):
     from distillery.glue.tasks import TaskSpec
 
     regression = cfg.type == "regression"
-    labels: tuple[str, ...] = () if regression else tuple(cfg.labels or training_labels(cfg, root))
+    try:
+        labels: tuple[str, ...] = () if regression else tuple(cfg.labels or training_labels(cfg, root))
+    except InputNotFoundError as exc:  # the label order is read from the training split: say which key names it
+        raise InputNotFoundError(f"data.custom.{name}.train: {exc}") from None
     if not regression and len(labels) < 2:
         raise CustomTaskError(f"data.custom.{name}: the training split has {len(labels)} distinct label(s) "
                               f"({', '.join(labels)}); a classification task needs two or more")
