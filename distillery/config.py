@@ -14,7 +14,7 @@ import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from distillery.errors import UserError
-from distillery.io import resolve_path
+from distillery.io import hub_offline, resolve_path
 from distillery.models import Dims
 from distillery.recipes import (
     INIT_KINDS,
@@ -71,7 +71,7 @@ class CustomTaskSection(Section):
     label: str = Field(min_length=1)
     type: Literal["classification", "regression"] = "classification"
     labels: list[str] | None = None
-    metric: Literal["accuracy", "macro_f1", "f1", "mcc", "pearson", "spearman", "pearson_spearman"] | None = None
+    metric: Literal[CLASSIFICATION_METRICS + REGRESSION_METRICS] | None = None
 
     @field_validator("labels", mode="before")
     @classmethod
@@ -626,12 +626,6 @@ def _check_students(p: Params, teacher: Dims | None, path: str, root: Path) -> N
                 raise ConfigError(f"{path}: {exc}") from None
 
 
-def _hub_offline() -> bool:
-    import os
-
-    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-
-
 def _check_model_ref(name: str, root: Path, key: str, path: str, what: str = "model") -> Path | None:
     """A params model reference (local directory or Hub name) that can be used: an existing directory with a
     config.json (returned), or a valid Hub id that is cached when the Hub is offline (its cached config.json is
@@ -657,7 +651,7 @@ def _check_model_ref(name: str, root: Path, key: str, path: str, what: str = "mo
     cached = try_to_load_from_cache(name, "config.json")
     if isinstance(cached, str):
         return Path(cached)
-    if _hub_offline():
+    if hub_offline():
         raise ConfigError(f"{path}: {key}: {name!r} is not a directory ({local} not found) and not in the Hugging "
                           "Face cache, and the Hub is offline (HF_HUB_OFFLINE); give a local model directory, or run "
                           "with HF_HUB_OFFLINE=0 to download it")

@@ -20,14 +20,13 @@ import csv
 import io
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import datasets
 
 from distillery.errors import InputNotFoundError, UserError
-from distillery.io import resolve_path
+from distillery.io import hub_offline, resolve_path
 
 #: formats of a task of your own, by file extension (.json is JSON Lines, as .jsonl)
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
@@ -40,13 +39,19 @@ class CustomTaskError(UserError, ValueError):
     """A file or Hub split of a task of your own that cannot be used; the message names it (and the line)."""
 
 
+#: what each registered task of your own was registered from: a load of the same params keeps its spec
+_REGISTERED: dict[str, tuple[Any, Path]] = {}
+
+
 def register(custom: Mapping[str, Any], root: Path) -> None:
     """Register every task of ``data.custom`` (name -> `CustomTaskSection`); relative paths start at `root`. The
-    spec is made when a stage first asks for it (it may read the training labels)."""
+    spec is made when a stage first asks for it (it may read the training labels), once per description."""
     from distillery.glue.tasks import register_task
 
     for name, cfg in custom.items():
-        register_task(name, lambda name=name, cfg=cfg: task_spec(name, cfg, root))
+        if _REGISTERED.get(name) != (cfg, root):
+            register_task(name, lambda name=name, cfg=cfg: task_spec(name, cfg, root))
+            _REGISTERED[name] = (cfg, root)
 
 
 def task_spec(name: str, cfg: Any, root: Path):
@@ -166,9 +171,8 @@ def _hub_records(cfg: Any, split: str) -> tuple[str, Iterator[tuple[str, dict]],
     except ValueError as exc:  # an unknown split
         raise CustomTaskError(f"{where}: {exc}") from None
     except (FileNotFoundError, ConnectionError, OSError) as exc:
-        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
         hint = (" (the Hub is offline here: HF_HUB_OFFLINE; run once with HF_HUB_OFFLINE=0 to download it)"
-                if offline else "")
+                if hub_offline() else "")
         raise CustomTaskError(f"{where}: the Hub dataset cannot be loaded{hint}: {exc}") from None
     feature = ds.features.get(cfg.label)
     names = list(feature.names) if isinstance(feature, datasets.ClassLabel) else None
@@ -194,12 +198,12 @@ def training_labels(cfg: Any, root: Path) -> list[str]:
     return sorted(seen)
 
 
-def load_split(name: str, cfg: Any, split: str, root: Path, spec=None) -> datasets.Dataset:
+def load_split(name: str, cfg: Any, split: str, root: Path) -> datasets.Dataset:
     """One split (`train`, `validation`, `test`) of a task of your own in the GLUE loaders' columns, checked whole."""
     from distillery.glue.loaders import _rows_to_dataset
     from distillery.glue.tasks import get_task
 
-    spec = spec or get_task(name)
+    spec = get_task(name)
     source, records, _ = _split_records(cfg, split, root)
     rows = _rows(source, records, cfg, name, split)
     labelled = split != "test" or cfg.label in rows[0][1]

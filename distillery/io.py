@@ -81,3 +81,8 @@ def resolve_path(path: str, root: Path) -> Path:
     """A params path: absolute, ~-expanded, or relative to the project root."""
     p = Path(path).expanduser()
     return p if p.is_absolute() else (root / p).resolve()
+
+
+def hub_offline() -> bool:
+    """Whether the Hugging Face Hub is off for this process (HF_HUB_OFFLINE set to a true value)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")

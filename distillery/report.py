@@ -239,19 +239,17 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def _marker(row: dict[str, Any]) -> str:
-    """The teacher a star, a student's int8 / bf16 form a square / diamond, a direct baseline an x, a student a dot."""
-    name = row["model"]
-    if row["is_teacher"]:
-        return "*"
-    return "s" if name.endswith("-int8") else "D" if name.endswith("-bf16") else "x" if name.endswith("-direct") else "o"
+#: the marker of a student's row by its form (its name's suffix): int8 / bf16 export, direct baseline, the student
+FORM_MARKERS = {"-int8": "s", "-bf16": "D", "-direct": "x", "": "o"}
 
 
-def _family(name: str) -> str:
-    for suffix in ("-int8", "-bf16", "-direct"):
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
+def _family(name: str) -> tuple[str, str]:
+    """(the student a row belongs to, its form's suffix): a student, its int8 and bf16 forms and its direct baseline
+    are one family."""
+    for suffix in FORM_MARKERS:
+        if suffix and name.endswith(suffix):
+            return name[: -len(suffix)], suffix
+    return name, ""
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:
@@ -278,8 +276,10 @@ def _scatter(rows: list[dict[str, Any]], key: str, xlabel: str, scale: float, pa
     colours = plt.get_cmap("tab10").colors
     families: dict[str, int] = {}  # a student, its int8 and bf16 forms and its direct baseline share a colour
     for x, y, r in pts:
-        family = families.setdefault(_family(r["model"]), len(families))
-        ax.scatter([x], [y], marker=_marker(r), s=160 if r["is_teacher"] else 55, color=colours[family % len(colours)],
+        student, form = _family(r["model"])
+        family = families.setdefault(student, len(families))
+        marker = "*" if r["is_teacher"] else FORM_MARKERS[form]
+        ax.scatter([x], [y], marker=marker, s=160 if r["is_teacher"] else 55, color=colours[family % len(colours)],
                    label=r["model"] + (" (teacher)" if r["is_teacher"] else ""), zorder=3)
     front = pareto_front([(x, y) for x, y, _ in pts])
     if len(front) > 1:

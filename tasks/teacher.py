@@ -96,8 +96,13 @@ def run_pretrain(p: Params, _: str | None) -> dict[str, Any]:
 
 
 def teacher_name(p: Params) -> str:
-    path = resolve(p.teacher.name_or_path)
-    return str(path) if path.exists() else p.teacher.name_or_path  # a Hub name
+    return model_ref(p.teacher.name_or_path)
+
+
+def model_ref(ref: str) -> str:
+    """A params model reference as transformers loads it: the resolved local directory, or the Hub name."""
+    path = resolve(ref)
+    return str(path) if path.exists() else ref
 
 
 def encoding(p: Params, task: str) -> dict[str, Any]:
@@ -150,16 +155,13 @@ def _given_teacher(p: Params, task: str) -> dict[str, Any]:
     from transformers import AutoConfig, AutoTokenizer
 
     from distillery.io import atomic_dir, write_json
-    from distillery.models import load_model
     from distillery.task_kinds import task_kind
 
     kind = task_kind(task, p.data)
     ref = p.teacher.finetuned[task]
-    source = str(resolve(ref)) if resolve(ref).exists() else ref
+    source = model_ref(ref)
     kind.check_head(AutoConfig.from_pretrained(source, trust_remote_code=False), f"teacher.finetuned.{task}: {ref}")
-    model, tokenizer = load_model(source, head=kind.head), AutoTokenizer.from_pretrained(source)
-    if getattr(kind, "spec", None) is not None and kind.spec.labels:  # the task's label names travel with it
-        model.config.id2label, model.config.label2id = kind.spec.id2label, kind.spec.label2id
+    model, tokenizer = kind.load_teacher(source), AutoTokenizer.from_pretrained(source)  # the task's label names
     with atomic_dir(paths.teacher(task) / "model") as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

@@ -347,13 +347,6 @@ class Recipe(Section):
                     f"{key}.init: teacher_layers needs a bert or distilbert student of the teacher's width "
                     f"(hidden {teacher.hidden}, heads {teacher.heads}, intermediate {teacher.intermediate}); the shape "
                     f"gives {s.arch} {s.hidden}/{s.heads}/{s.intermediate}")
-            layers = self.init.teacher_layers
-            if layers != "auto":
-                if len(layers) != s.layers:
-                    raise RecipeError(f"{key}.init.teacher_layers: {len(layers)} layers for a {s.layers}-layer student")
-                if max(layers) >= teacher.layers:
-                    raise RecipeError(f"{key}.init.teacher_layers: layer {max(layers)} does not exist in a "
-                                      f"{teacher.layers}-layer teacher (0..{teacher.layers - 1})")
         if self.init.kind == "pruned":
             if s.arch != "bert" or teacher.arch != "bert":
                 raise RecipeError(f"{key}.init: pruned needs a bert teacher and a bert student, got {teacher.arch} and "
@@ -365,10 +358,12 @@ class Recipe(Section):
                     f"{teacher.hidden // teacher.heads}: hidden <= {teacher.hidden}, heads <= {teacher.heads} with "
                     f"hidden / heads = {teacher.hidden // teacher.heads}, intermediate <= {teacher.intermediate}; the "
                     f"shape gives {s.hidden}/{s.heads}/{s.intermediate}")
-            layers = self.init.teacher_layers
-            if layers != "auto" and (len(layers) != s.layers or max(layers) >= teacher.layers):
-                raise RecipeError(f"{key}.init.teacher_layers: {layers} for a {s.layers}-layer student of a "
-                                  f"{teacher.layers}-layer teacher")
+        if self.init.kind in ("teacher_layers", "pruned") and (layers := self.init.teacher_layers) != "auto":
+            if len(layers) != s.layers:
+                raise RecipeError(f"{key}.init.teacher_layers: {len(layers)} layers for a {s.layers}-layer student")
+            if max(layers) >= teacher.layers:
+                raise RecipeError(f"{key}.init.teacher_layers: layer {max(layers)} does not exist in a "
+                                  f"{teacher.layers}-layer teacher (0..{teacher.layers - 1})")
         if not self.runs_general and self.init.kind == "random" and not self.task_distills:
             raise RecipeError(f"{key}.general_distillation: a randomly initialised {self.recipe} student needs general "
                               "distillation (or init from teacher_layers / a checkpoint)")
@@ -425,10 +420,7 @@ class Recipe(Section):
             return load_checkpoint_student(self.init.checkpoint, tokenizer, head=head, **head_kwargs)
         if self.init.kind == "pruned":
             student = _pruned_student(self.init, teacher, tokenizer, shape, data, head)
-            for k, v in head_kwargs.items():
-                setattr(student.config, k, v)
-            return student
-        if self.init.kind == "teacher_layers":
+        elif self.init.kind == "teacher_layers":
             layers = self.init.teacher_layers
             layers = official_teacher_layers(num_layers(teacher), shape.layers) if layers == "auto" else list(layers)
             student = init_from_teacher_layers(teacher, layers, head=head,
