@@ -15,6 +15,10 @@ scores/probs from them with the very attention mask that module received. Hidden
 forward hooks on the embedding module and the requested transformer layers. The model keeps its own
 attention implementation (SDPA stays SDPA for every layer); nothing is detached, so gradients flow
 through the captured tensors of a student.
+
+Which models: everything above for encoders in BERT's layout (``READS_ATTENTION``: BERT, RoBERTa, XLM-R, CamemBERT,
+ELECTRA, DistilBERT, MobileBERT); hidden states only for DeBERTa-v2/v3 and ModernBERT, whose attention is not a
+query/key/value triple of ``nn.Linear`` modules (an attention capture there raises ``CaptureError`` naming the type).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Captured", "capture", "CaptureError", "model_parts"]
+__all__ = ["Captured", "capture", "CaptureError", "READS_ATTENTION", "model_parts"]
 
 
 _KINDS = ("hidden", "scores", "probs", "values", "queries", "keys")
@@ -78,34 +82,45 @@ class Captured:
             d.clear()
 
 
+#: Model types whose self-attention ``capture`` reads (query/key/value ``nn.Linear`` modules, BERT's layout): the
+#: attention-level objectives (scores, probs, queries, keys, values) need a teacher and a student of these types.
+#: Other encoders (DeBERTa-v2/v3: disentangled attention; ModernBERT: fused Wqkv, rotary positions) give hidden states
+#: only.
+READS_ATTENTION = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert", "mobilebert"})
+
+
 @dataclass
 class _Parts:
     embeddings: nn.Module
     layers: list[nn.Module]
-    self_attention: list[nn.Module]
-    qkv_names: tuple[str, str, str]
+    self_attention: list[nn.Module | None]
+    qkv_names: tuple[str, str, str] | None
+    model_type: str
 
 
 def model_parts(model: nn.Module) -> _Parts:
-    """Locate embeddings, transformer layers and self-attention modules of BERT / DistilBERT /
-    MobileBERT base models or their ``*For*`` heads (DDP / ``torch.compile`` wrappers unwrapped)."""
+    """Locate embeddings, transformer layers and (where its layout is BERT's) self-attention modules of an encoder or
+    its ``*For*`` heads (DDP / ``torch.compile`` wrappers unwrapped): BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT and
+    MobileBERT fully; DeBERTa-v2 and ModernBERT for their hidden states."""
     for _ in range(4):
         inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
         if not isinstance(inner, nn.Module):
             break
         model = inner
     base = getattr(model, "base_model", model)
-    embeddings = getattr(base, "embeddings", None)
+    model_type = str(getattr(getattr(model, "config", None), "model_type", type(model).__name__))
+    # ELECTRA with factorised embeddings: state 0 is what the layers read, after the projection to the hidden size
+    embeddings = getattr(base, "embeddings_project", None) or getattr(base, "embeddings", None)
     container = getattr(base, "encoder", None) or getattr(base, "transformer", None)
-    layers = getattr(container, "layer", None) if container is not None else None
+    layers = getattr(container, "layer", None) if container is not None else getattr(base, "layers", None)
     if embeddings is None or layers is None:
         raise CaptureError(
-            f"capture: unsupported model {type(model).__name__}: expected BERT, DistilBERT or MobileBERT "
-            "(embeddings + encoder.layer / transformer.layer)"
+            f"capture: unsupported model {type(model).__name__}: expected a BERT-family encoder "
+            "(embeddings + encoder.layer / transformer.layer / layers)"
         )
-    attn: list[nn.Module] = []
+    attn: list[nn.Module | None] = []
     names: tuple[str, str, str] | None = None
-    for i, layer in enumerate(layers):
+    for layer in layers:
         a = getattr(layer, "attention", None)
         a = getattr(a, "self", a)
         for cand in (("query", "key", "value"), ("q_lin", "k_lin", "v_lin")):
@@ -113,10 +128,10 @@ def model_parts(model: nn.Module) -> _Parts:
                 names = cand
                 break
         else:
-            raise CaptureError(f"capture: layer {i} of {type(model).__name__} has no query/key/value projections")
+            a = None
         attn.append(a)
-    assert names is not None
-    return _Parts(embeddings=embeddings, layers=list(layers), self_attention=attn, qkv_names=names)
+    return _Parts(embeddings=embeddings, layers=list(layers), self_attention=attn,
+                  qkv_names=names if all(a is not None for a in attn) else None, model_type=model_type)
 
 
 def _heads(x: Tensor, head_size: int) -> Tensor:
@@ -189,6 +204,10 @@ def capture(
             handles.append(module.register_forward_hook(keep_hidden(i)))
 
         attn_layers = sorted(set(score_idx) | set(prob_idx) | set(value_idx) | set(query_idx) | set(key_idx))
+        if attn_layers and parts.qkv_names is None:
+            raise CaptureError(f"capture: the attention of a {parts.model_type} model cannot be read (query/key/value "
+                               f"projections in BERT's layout: {', '.join(sorted(READS_ATTENTION))}); only hidden "
+                               "states can be captured")
         for i in attn_layers:
             attn = parts.self_attention[i]
             head_size = int(attn.attention_head_size)

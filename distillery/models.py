@@ -226,7 +226,8 @@ def student_config(
     num_labels: int | None = None,
 ) -> PretrainedConfig:
     """HF config for ``shape``. ``base`` (a teacher config) supplies max positions, token-type vocab,
-    pad id and, when ``vocab_size`` is None, the vocab size."""
+    pad id and, when ``vocab_size`` is None, the vocab size; with a teacher of another BERT-family type (RoBERTa,
+    XLM-R, ELECTRA, DeBERTa-v2, ModernBERT), a ``bert`` shape is a student of the teacher's own type."""
     shape = resolve_shape(shape)
     inherited = _inherit(base)
     if vocab_size is None:
@@ -245,6 +246,8 @@ def student_config(
             hidden_size=shape.hidden, num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
             intermediate_size=shape.intermediate, **inherited, **dict(shape.extra),
         )
+    elif base is not None and base.model_type not in ARCHS:
+        cfg = _teacher_type(base, shape, inherited)
     else:
         cfg = transformers.BertConfig(
             hidden_size=shape.hidden, num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
@@ -253,6 +256,25 @@ def student_config(
     if num_labels is not None:
         cfg.num_labels = int(num_labels)
     return cfg
+
+
+#: A teacher's config fields that describe that model and not its type (the student gets its own).
+_OWN_FIELDS = ("architectures", "id2label", "label2id", "num_labels", "problem_type", "finetuning_task", "_name_or_path",
+               "transformers_version", "dtype", "torch_dtype", "layer_types")
+
+
+def _teacher_type(base: PretrainedConfig, shape: StudentShape, inherited: dict[str, Any]) -> PretrainedConfig:
+    """A ``bert``-arch student of a teacher of another BERT-family type (RoBERTa, XLM-R, ELECTRA, DeBERTa-v2,
+    ModernBERT, ...): the teacher's own model type and settings (positions, attention kind, activation, norms) with
+    the student's depth and widths; sizes tied to the teacher's width (ELECTRA's unfactorised embedding, DeBERTa's
+    pooler) follow the student's."""
+    d = {k: v for k, v in base.to_dict().items() if k not in _OWN_FIELDS}
+    for tied in ("embedding_size", "pooler_hidden_size"):
+        if d.get(tied) == base.hidden_size:
+            d[tied] = shape.hidden
+    d.update(hidden_size=shape.hidden, num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+             intermediate_size=shape.intermediate, **inherited, **dict(shape.extra))
+    return transformers.AutoConfig.for_model(d.pop("model_type"), **d)
 
 
 def _auto_class(head: str) -> Any:
@@ -513,7 +535,7 @@ def _config(model_or_config: nn.Module | PretrainedConfig) -> PretrainedConfig:
 
 # ---------------------------------------------------------------- layer-subset initialisation
 
-_LAYER_KEY = re.compile(r"^(.*?(?:encoder|transformer)\.layer\.)(\d+)(\..*)$")
+_LAYER_KEY = re.compile(r"^(.*?(?:(?:encoder|transformer)\.layer|layers)\.)(\d+)(\..*)$")
 
 
 def _copy_(dst: nn.Module, src: nn.Module) -> None:
@@ -541,6 +563,8 @@ def _remap(key: str, layers: list[int]) -> str:
 def _same_arch_subset(teacher: PreTrainedModel, layers: list[int], head: str | None) -> PreTrainedModel:
     cfg = copy.deepcopy(teacher.config)
     cfg.num_hidden_layers = len(layers)
+    if isinstance(getattr(cfg, "layer_types", None), list):  # ModernBERT: each kept layer keeps its attention kind
+        cfg.layer_types = [cfg.layer_types[i] for i in layers]
     student = type(teacher)(cfg) if head is None else _auto_class(head).from_config(cfg)
     if type(student) is type(teacher):  # every weight, heads included
         source = teacher.state_dict()

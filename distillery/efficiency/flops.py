@@ -1,4 +1,5 @@
-"""Analytic FLOPs per example of a BERT-family encoder, counted from its config.
+"""Analytic FLOPs per example of a BERT-family encoder, counted from its config (BERT, RoBERTa, XLM-R, CamemBERT,
+ELECTRA, DistilBERT, MobileBERT, ModernBERT; DeBERTa's relative-position attention is not counted: no figure).
 
 Convention (the one the TinyBERT paper's Table 1 "#FLOPs" column and the MobileBERT paper's Table 4
 use for BERT-base = 22.5B at sequence length 128): one multiply-add is 2 FLOPs; every dense layer
@@ -20,7 +21,7 @@ Head = Literal["none", "classifier", "mlm"]
 
 
 class FlopsConfigError(ValueError):
-    """The config is not a BERT, DistilBERT or MobileBERT config, or a value is impossible."""
+    """The config is not of a counted type (``COUNTED``), or a value is impossible."""
 
 
 @dataclass(frozen=True)
@@ -51,10 +52,16 @@ def _get(config: Any, key: str) -> Any:
     return getattr(config, key)
 
 
+#: Encoders with BERT's layer (Q, K, V, O, a two-matrix FFN) under other names: counted as BERT (ELECTRA's factorised
+#: embedding adds its projection).
+BERT_LAYOUT = ("bert", "roberta", "xlm-roberta", "camembert", "electra")
+COUNTED = (*BERT_LAYOUT, "distilbert", "mobilebert", "modernbert")
+
+
 def _model_type(config: Any) -> str:
     mt = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
-    if mt not in ("bert", "distilbert", "mobilebert"):
-        raise FlopsConfigError(f"cannot count FLOPs for model_type {mt!r}; expected bert, distilbert or mobilebert")
+    if mt not in COUNTED:
+        raise FlopsConfigError(f"cannot count FLOPs for model_type {mt!r}; expected one of {', '.join(COUNTED)}")
     return mt
 
 
@@ -65,7 +72,7 @@ def _num_labels(config: Any) -> int:
 
 
 def flops_breakdown(config: Any, seq_len: int = 128, *, head: Head = "classifier") -> FlopsBreakdown:
-    """Per-part FLOPs of one example of `seq_len` tokens for a BERT/DistilBERT/MobileBERT config.
+    """Per-part FLOPs of one example of `seq_len` tokens for a config of a ``COUNTED`` type.
 
     `config` is a transformers PretrainedConfig or its dict (config.json). `head`: "classifier"
     (pooler + classifier on [CLS]), "mlm" (prediction head on every token), "none" (encoder only).
@@ -77,11 +84,13 @@ def flops_breakdown(config: Any, seq_len: int = 128, *, head: Head = "classifier
     mt = _model_type(config)
     T = seq_len
     labels = _num_labels(config)
-    if mt == "bert":
+    if mt in BERT_LAYOUT or mt == "modernbert":
         L, d, di = _get(config, "num_hidden_layers"), _get(config, "hidden_size"), _get(config, "intermediate_size")
         V = _get(config, "vocab_size")
-        per_token = 4 * d * d + 2 * d * di  # Q, K, V, O + FFN in/out
-        emb = 0
+        # Q, K, V, O + FFN in/out (ModernBERT's GLU: its input matrix is twice as wide)
+        per_token = 4 * d * d + (3 if mt == "modernbert" else 2) * d * di
+        e = (config.get("embedding_size") if isinstance(config, dict) else getattr(config, "embedding_size", None)) or d
+        emb = T * e * d if e != d else 0  # ELECTRA's embedding projection
         d_att = d
         head_macs = {"none": 0, "classifier": d * d + d * labels, "mlm": T * (d * d + d * V)}[head]
     elif mt == "distilbert":

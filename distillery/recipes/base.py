@@ -338,6 +338,7 @@ class Recipe(Section):
     def check(self, teacher: Dims, key: str) -> None:
         """Everything that can be checked before training, given the teacher's dims; subclasses add theirs."""
         s = self.student_dims(teacher, key)
+        self._check_attention(teacher, key)
         if s.layers > teacher.layers and not self.ANY_DEPTH:
             raise RecipeError(f"{key}.shape: the student has {s.layers} layers, more than the teacher's {teacher.layers}")
         if self.init.kind == "teacher_layers":
@@ -367,6 +368,21 @@ class Recipe(Section):
         if not self.runs_general and self.init.kind == "random" and not self.task_distills:
             raise RecipeError(f"{key}.general_distillation: a randomly initialised {self.recipe} student needs general "
                               "distillation (or init from teacher_layers / a checkpoint)")
+
+    def _check_attention(self, teacher: Dims, key: str) -> None:
+        """An objective that reads attention (scores, distributions, queries, keys, values) needs a teacher whose
+        attention ``distillery.capture`` reads; refused before any work otherwise."""
+        from distillery.capture import READS_ATTENTION
+        from distillery.objectives.registry import TERMS
+
+        if teacher.arch in READS_ATTENTION:
+            return
+        for name in self.weights.active():
+            if any(kind != "hidden" for kind, _ in TERMS[name].features):
+                raise RecipeError(
+                    f"{key}: {name} ({self.recipe}) reads attention, which cannot be read in a {teacher.arch} teacher "
+                    f"(only in {', '.join(sorted(READS_ATTENTION))}); give objectives on hidden states or logits "
+                    "(e.g. recipe pkd, or objectives without it)")
 
     # ---------------------------------------------------------------- stages
 
