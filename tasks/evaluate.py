@@ -223,7 +223,7 @@ def run_report(p: Params, _: str | None) -> dict[str, Any]:
     written = write_report(summary, paths.REPORTS, loss_curves=curves, latency=latency or None, teacher="teacher",
                            notes=notes, lines=failed)
     if any(task_kind(t).submits_test_predictions for t in p.data.tasks):  # the GLUE server's files
-        written += [_zip_predictions(p, model) for model in _models(p)]
+        written += [z for model in _models(p) if (z := _zip_predictions(p, model)) is not None]
     return {"artifacts": [str(w) for w in written] + [str(paths.summary())]}
 
 
@@ -232,16 +232,20 @@ def _has_loss(csv_text: str) -> bool:
     return "loss" in header.split(",") and bool(rows.strip())
 
 
-def _zip_predictions(p: Params, model: str) -> Path:
-    """reports/submission/<model>.zip: the model's test predictions for every task, files at the top level."""
+def _zip_predictions(p: Params, model: str) -> Path | None:
+    """reports/submission/<model>.zip: the model's test predictions for every task, files at the top level (None when
+    no task has a test split, e.g. tasks of your own given without `test`)."""
     import tempfile
 
     from distillery import glue
 
+    files = [f for t in p.data.tasks if task_kind(t).submits_test_predictions
+             for f in sorted((paths.predictions(t) / model).glob("*.tsv"))]
+    if not files:
+        return None
     with tempfile.TemporaryDirectory() as tmp:
-        for task in [t for t in p.data.tasks if task_kind(t).submits_test_predictions]:
-            for f in sorted((paths.predictions(task) / model).glob("*.tsv")):
-                shutil.copyfile(f, Path(tmp) / f.name)
+        for f in files:
+            shutil.copyfile(f, Path(tmp) / f.name)
         return glue.zip_submission(tmp, paths.submission() / f"{model}.zip")
 
 

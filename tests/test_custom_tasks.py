@@ -345,3 +345,64 @@ def test_a_teacher_whose_head_does_not_fit_is_refused(project, num_labels, names
     with pytest.raises(UserError, match=re.escape(message)):
         run_finetune_teacher(p, "tickets")
     assert not (paths.teacher("tickets") / "model").exists()  # nothing half-written
+
+
+# ------------------------------------------------------------------------------------------------ served over HTTP
+
+def test_a_custom_tasks_champion_answers_a_raw_text_with_a_label_name_over_http(tmp_path):
+    """A task of your own (a CSV with string labels) through the pipeline to the registry; `mlflow models serve` of
+    its champion on 127.0.0.1 answers a raw sentence with one of the task's label names."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from distillery.demo import make_demo_task
+    from helpers import ONE_STUDENT, env_for, make_project, run
+
+    raw = make_demo_task(tmp_path / "raw", n_train=200, n_dev=60, n_test=4, seed=3)
+    for split in ("train", "dev"):
+        rows = [line.split("\t") for line in (raw / f"{split}.tsv").read_text().splitlines()[1:]]
+        write_csv(tmp_path / "reviews" / f"{split}.csv", ["review", "verdict"],
+                  [[text, ["pan", "praise"][int(label)]] for text, label in rows])
+    params = {**ONE_STUDENT, "augment": {"enabled": False},
+              "data": {**ONE_STUDENT["data"], "tasks": ["reviews"],
+                       "custom": {"reviews": {"train": str(tmp_path / "reviews" / "train.csv"),
+                                              "validation": str(tmp_path / "reviews" / "dev.csv"),
+                                              "text": "review", "label": "verdict"}}}}
+    project = make_project(tmp_path / "project", params, dvc_yaml=False)
+    run([sys.executable, "-m", "flows.stage", "all"], project)
+    registry = json.loads((project / "metrics" / "registry" / "micro-reviews.json").read_text())
+    assert registry["alias"] == "champion", registry  # no direct baseline here: the first version is the champion
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**env_for(project), "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}"}
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/micro-reviews@champion",
+                               "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)], cwd=project, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert server.poll() is None, server.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "mlflow models serve did not answer /ping in 3 minutes"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/ping", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        answer = httpx.post(f"http://127.0.0.1:{port}/invocations", timeout=60,
+                            json={"dataframe_records": [{"text": "the movie was truly wonderful"},
+                                                        {"text": "the plot was awful"}]})
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+    assert answer.status_code == 200, answer.text
+    predictions = answer.json()["predictions"]
+    assert len(predictions) == 2 and all(p["label"] in ("pan", "praise") and 0.0 <= p["score"] <= 1.0
+                                         for p in predictions), predictions
