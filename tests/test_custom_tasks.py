@@ -100,9 +100,8 @@ def test_a_regression_task_from_jsonl(tmp_path):
     assert format_predictions("scores", [[9.1234]]) == ["9.123"]  # not clipped to STS-B's [0, 5]
 
 
-def test_a_hub_dataset_in_the_hubs_layout(tmp_path):
-    """A dataset repository's layout (data/<split>-*.parquet, a ClassLabel label) through `datasets.load_dataset`:
-    the ClassLabel's names are the labels, in its order; our validation split is the Hub's test split."""
+def imdb_repo(tmp_path: Path) -> Path:
+    """A small dataset repository in the Hub's layout of stanfordnlp/imdb: data/<split>-*.parquet, a ClassLabel."""
     repo = tmp_path / "imdb"
     features = datasets.Features({"text": datasets.Value("string"),
                                   "label": datasets.ClassLabel(names=["neg", "pos"])})
@@ -111,12 +110,34 @@ def test_a_hub_dataset_in_the_hubs_layout(tmp_path):
                                         features=features)
         (repo / "data").mkdir(parents=True, exist_ok=True)
         ds.to_parquet(str(repo / "data" / f"{split}-00000-of-00001.parquet"))
+    return repo
+
+
+def test_a_hub_dataset_in_the_hubs_layout(tmp_path):
+    """A dataset repository's layout (data/<split>-*.parquet, a ClassLabel label) through `datasets.load_dataset`:
+    the ClassLabel's names are the labels, in its order; our validation split is the Hub's test split."""
+    repo = imdb_repo(tmp_path)
     p = params(tmp_path, {"imdb": {"hub": str(repo), "splits": {"train": "train", "validation": "test"},
                                    "text": "text", "label": "label"}})
     assert get_task("imdb").labels == ("neg", "pos")
     dsd = custom_tasks.load("imdb", p.data.custom["imdb"], tmp_path)
     assert list(dsd) == ["train", "dev"] and dsd["dev"]["label"][:] == [0, 1, 0, 1]
     assert custom_tasks.inputs(p.data.custom["imdb"], tmp_path) == []
+
+
+def test_the_distilbert_paper_presets_imdb_from_a_repository_in_the_hubs_layout(tmp_path):
+    """params/paper-distilbert6.yaml's IMDb entry, its Hub name swapped for a local repository of the same layout:
+    the paper's test split is our dev split, its label names neg/pos, its own 512-token windows."""
+    import yaml
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "params" / "paper-distilbert6.yaml").read_text())
+    assert raw["data"]["custom"]["imdb"]["hub"] == "stanfordnlp/imdb" and "imdb" in raw["data"]["tasks"]
+    imdb = {**raw["data"]["custom"]["imdb"], "hub": str(imdb_repo(tmp_path))}
+    p = parse_params({**raw, "data": {**raw["data"], "source": "demo", "tasks": ["imdb"], "custom": {"imdb": imdb}},
+                      "per_task": {"imdb": raw["per_task"]["imdb"]}}, str(tmp_path / "params.yaml"))
+    assert p.for_task("imdb").data.max_length == 512 and get_task("imdb").labels == ("neg", "pos")
+    dsd = custom_tasks.load("imdb", p.data.custom["imdb"], tmp_path)
+    assert dsd["train"].num_rows == 6 and dsd["dev"]["label"][:] == [0, 1, 0, 1]
 
 
 @pytest.mark.parametrize("custom, message", [
