@@ -40,7 +40,7 @@ from distillery.precision import describe
 from flows import api_server
 from flows import dvc as dvc_lock
 from flows.stages import STAGES, Node, upstream
-from tasks import paths, tracking
+from tasks import changes, paths, tracking
 from tasks.execute import execute, label, say
 from tasks.stage import Stage, is_fresh, stage_key
 
@@ -195,9 +195,12 @@ def _pipeline(params_file: str) -> dict[str, Any]:
             wait(list(futures.values()))
         done: list[Node] = []
         timings: dict[str, float] = {}
+        statuses: dict[str, str] = {}
         for (name, item), future in futures.items():  # in sequential order: the first failure is the one reported
             if future.state.is_completed():
                 done.append((name, item))
+                statuses[label(STAGES[name], item)] = changes.status(future.result(),
+                                                                     cached=future.state.name == "Cached")
                 seconds = (future.result() or {}).get("seconds")
                 if seconds is not None:
                     timings[f"{name}[{item}]" if item else name] = seconds
@@ -223,6 +226,8 @@ def _pipeline(params_file: str) -> dict[str, Any]:
         mlflow.log_metrics({f"seconds.{k.replace('[', '.').replace(']', '').replace(':', '.')}": v
                             for k, v in timings.items()})
         mlflow.log_artifact(str(paths.summary()))
+        say(changes.console_line(changes.record(p, statuses, [(STAGES[name], item) for name, item in futures])))
+        mlflow.log_artifact(str(changes.report_path()))
         if (paths.REPORTS / "table.md").is_file():
             mlflow.log_artifacts(str(paths.REPORTS), artifact_path="reports")
     _publish(p)
@@ -259,6 +264,9 @@ def _publish(p: Params) -> None:
 def _artifacts() -> None:
     import json
 
+    if changes.report_path().is_file():
+        create_markdown_artifact(key="distillery-changes", markdown=changes.report_path().read_text(encoding="utf-8"),
+                                 description="What changed since the last run, what ran, the promotion decisions")
     table = paths.REPORTS / "table.md"
     if table.is_file():
         create_markdown_artifact(key="distillery-report", markdown=table.read_text(encoding="utf-8"),

@@ -28,7 +28,8 @@ from distillery.errors import UserError, debug_requested, run_main
 def main(argv: list[str] | None = None) -> int:
     from flows.stages import STAGES, items, nodes
     from tasks import tracking
-    from tasks.execute import execute, say
+    from tasks import changes
+    from tasks.execute import execute, label, say
 
     parser = argparse.ArgumentParser(prog="python -m flows.stage", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -46,11 +47,13 @@ def main(argv: list[str] | None = None) -> int:
             from distillery.precision import describe
 
             say(describe(p.precision))
+            statuses = {}
             for name, item in nodes(p):
                 if name == "register" and not tracking.enabled():
                     say(f"register[{item}]: left out ({tracking.SWITCH}=off)")
                     continue
-                execute(STAGES[name], p, item)
+                statuses[label(STAGES[name], item)] = changes.status(execute(STAGES[name], p, item))
+            say(changes.console_line(changes.record(p, statuses, [(STAGES[name], item) for name, item in nodes(p)])))
         else:
             valid = items(args.stage, p)
             if args.item not in valid:

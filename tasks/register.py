@@ -243,6 +243,40 @@ def serving(p: Params, task: str, null_threshold: float) -> dict[str, Any]:
     return out
 
 
+def _number(value: str | None) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except ValueError:
+        return None
+
+
+def champion_score(p: Params, client, name: str, champion, task: str) -> tuple[float | None, str | None]:
+    """(the champion's main dev score on this run's dev data, a note when it had to be measured again). A champion
+    registered on other task data (its `inputs.task_data.sha256` tag differs) is evaluated on the current dev split
+    (once per data version: tagged `dev.main.data-<data sha>`), so that challenger and champion are compared on the same
+    examples."""
+    if champion is None:
+        return None, None
+    tags = champion.tags
+    main = _number(tags.get("dev.main"))
+    was, now = tags.get("inputs.task_data.sha256"), fingerprint(paths.task_data(task))
+    if main is None or was is None or was == now:
+        return main, None
+    key = f"dev.main.data-{now[:12]}"
+    if (again := _number(tags.get(key))) is None:
+        import mlflow
+
+        from tasks.teacher import load_task
+
+        local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/{champion.version}"))
+        kind = task_kind(task, p.data)
+        metrics, _ = kind.evaluate(local / "artifacts" / "model", load_task(task), p.for_task(task).data.max_length)
+        again = float(kind.main_score(metrics))
+        client.set_model_version_tag(name, champion.version, key, str(again))
+    return again, (f"the task data changed since the champion (version {champion.version}) was registered: "
+                   f"re-evaluated on the new dev split, {again:.4f} (was {main:.4f})")
+
+
 def run_register(p: Params, item: str) -> dict[str, Any]:
     tracking.require("the register stage")
     import mlflow
@@ -286,11 +320,11 @@ def run_register(p: Params, item: str) -> dict[str, Any]:
                             **{f"inputs.{k}.dvc_md5": v for k, v in dvc_md5s(inputs).items()}}
     if commit := git_commit(paths.ROOT):
         tags["git_commit"] = commit
-    champion_main = None
-    if champion is not None and champion.tags.get("dev.main") is not None:
-        champion_main = float(champion.tags["dev.main"])
+    champion_main, note = champion_score(p, client, name, champion, task)
     promote, why = promotion(metrics["dev.main"], champion_main, None if champion is None else champion.version,
                              p.registry.promote_margin, metrics.get("direct.dev.main"))
+    if note:
+        why = f"{note}; {why}"
     tags.update({"promoted": str(promote).lower(), "promotion": why})
     for key, value in tags.items():
         client.set_model_version_tag(name, version, key, value)
@@ -305,10 +339,18 @@ def run_register(p: Params, item: str) -> dict[str, Any]:
 
     champion_version = version if promote else (champion.version if champion is not None else None)
     alias = CHAMPION if promote else CANDIDATE
+    if promote:
+        held = {"version": int(version), **{k: metrics.get(k) for k in ("dev.main", "latency_ms_b1")}}
+    elif champion is not None:
+        held = {"version": int(champion.version), "dev.main": champion_main,
+                "latency_ms_b1": _number(champion.tags.get("latency_ms_b1"))}
+    else:
+        held = None
     record = {"name": name, "version": int(version), "alias": alias,
               "aliases": [CANDIDATE, CHAMPION] if promote else [CANDIDATE],
               "uri": f"models:/{name}@{alias}", "version_uri": f"models:/{name}/{version}",
-              "promoted": promote, "reason": why, "champion_version": None if champion_version is None else int(champion_version),
+              "promoted": promote, "reason": why, "champion": held,
+              "champion_version": None if champion_version is None else int(champion_version),
               "champion_uri": f"models:/{name}@{CHAMPION}", "metrics": metrics,
               "run_id": mlflow.active_run().info.run_id if mlflow.active_run() else None}
     write_json(paths.registry(student, task), record)

@@ -153,6 +153,22 @@ RESUME = {
 }
 
 
+def reviews(directory: Path, n_train: int = 200, n_dev: int = 60) -> dict:
+    """The demo task as a task of your own: `<directory>/{train,dev}.csv` with columns review, verdict (labels "pan",
+    "praise"); returns its `data.custom` entry."""
+    import csv
+
+    from distillery.demo import make_demo_task
+
+    raw = make_demo_task(directory / "raw", n_train=n_train, n_dev=n_dev, n_test=4, seed=3)
+    for split in ("train", "dev"):
+        rows = [line.split("\t") for line in (raw / f"{split}.tsv").read_text().splitlines()[1:]]
+        with (directory / f"{split}.csv").open("w", newline="", encoding="utf-8") as f:
+            csv.writer(f).writerows([["review", "verdict"]] + [[t, ["pan", "praise"][int(y)]] for t, y in rows])
+    return {"train": str(directory / "train.csv"), "validation": str(directory / "dev.csv"), "text": "review",
+            "label": "verdict"}
+
+
 def make_project(tmp: Path, params: dict | None = None, *, dvc_yaml: bool = True) -> Path:
     """`tmp` holding copies of the pipeline's packages and `params` (MICRO by default) as params.yaml; with
     `dvc_yaml`, the dvc.yaml these params declare."""
@@ -203,7 +219,7 @@ def scratch(project: Path) -> Iterator[Path]:
 #: What a pipeline's console may print besides progress bars: the precision it runs at (distillery.precision, once),
 #: stage events, the registry's decisions, the summary.
 EVENT_LINE = re.compile(r"^(precision: (bf16|fp32) .+|[a-z_]+(\[[^]]+\])?: (started|done in \d+ s)|"
-                        r"register \S+ version \d+: .+|pipeline finished in .+)$")
+                        r"register \S+ version \d+: .+|changes: .+|pipeline finished in .+)$")
 
 
 def stage_lines(console: str) -> list[str]:

@@ -382,19 +382,11 @@ def test_a_custom_tasks_champion_answers_a_raw_text_with_a_label_name_over_http(
 
     import httpx
 
-    from distillery.demo import make_demo_task
-    from helpers import ONE_STUDENT, env_for, make_project, run
+    from helpers import ONE_STUDENT, env_for, make_project, reviews, run
 
-    raw = make_demo_task(tmp_path / "raw", n_train=200, n_dev=60, n_test=4, seed=3)
-    for split in ("train", "dev"):
-        rows = [line.split("\t") for line in (raw / f"{split}.tsv").read_text().splitlines()[1:]]
-        write_csv(tmp_path / "reviews" / f"{split}.csv", ["review", "verdict"],
-                  [[text, ["pan", "praise"][int(label)]] for text, label in rows])
+    (tmp_path / "reviews").mkdir()
     params = {**ONE_STUDENT, "augment": {"enabled": False},
-              "data": {**ONE_STUDENT["data"], "tasks": ["reviews"],
-                       "custom": {"reviews": {"train": str(tmp_path / "reviews" / "train.csv"),
-                                              "validation": str(tmp_path / "reviews" / "dev.csv"),
-                                              "text": "review", "label": "verdict"}}}}
+              "data": {**ONE_STUDENT["data"], "tasks": ["reviews"], "custom": {"reviews": reviews(tmp_path / "reviews")}}}
     project = make_project(tmp_path / "project", params, dvc_yaml=False)
     run([sys.executable, "-m", "flows.stage", "all"], project)
     registry = json.loads((project / "metrics" / "registry" / "micro-reviews.json").read_text())
