@@ -140,6 +140,8 @@ class DataSection(Section):
     demo_train: int = Field(2000, ge=10)
     demo_dev: int = Field(400, ge=10)
     demo_test: int = Field(400, ge=10)
+    # the demo's training labels flipped at this rate (dev and test stay clean): few, noisy labels, as in real tasks
+    demo_label_noise: float = Field(0.0, ge=0.0, lt=0.5)
 
     @field_validator("tasks")
     @classmethod

@@ -80,10 +80,13 @@ def _sentence(rng: random.Random) -> tuple[str, int]:
     return " ".join(parts), int(positive != negated)
 
 
-def make_demo_task(out_dir: str | Path, *, n_train: int, n_dev: int, n_test: int, seed: int = 42) -> Path:
-    """Write `<out_dir>/{train,dev,test}.tsv` in the SST-2 layout; returns out_dir."""
+def make_demo_task(out_dir: str | Path, *, n_train: int, n_dev: int, n_test: int, seed: int = 42,
+                   label_noise: float = 0.0) -> Path:
+    """Write `<out_dir>/{train,dev,test}.tsv` in the SST-2 layout; returns out_dir. `label_noise`: the rate at which
+    training labels are flipped (drawn from a generator of their own: the sentences do not change with it)."""
     out_dir = Path(out_dir)
     rng = random.Random(seed)
+    flips = random.Random(seed + 7)
     splits = {"train": n_train, "dev": n_dev, "test": n_test}
     for split, n in splits.items():
         with atomic_path(out_dir / f"{split}.tsv") as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
@@ -95,7 +98,9 @@ def make_demo_task(out_dir: str | Path, *, n_train: int, n_dev: int, n_test: int
             else:
                 w.writerow(["sentence", "label"])
                 for _ in range(n):
-                    w.writerow(_sentence(rng))
+                    text, label = _sentence(rng)
+                    flip = split == "train" and flips.random() < label_noise
+                    w.writerow([text, 1 - label if flip else label])
     return out_dir
 
 
