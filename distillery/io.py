@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 
 def _umask() -> int:
@@ -77,8 +77,17 @@ def write_json(path: str | os.PathLike, obj: Any) -> Path:
     return write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
+#: Model references by scheme -> a function that makes the referenced model a local directory and returns it. The
+#: library names no model registry: the pipeline registers ``models:/`` (its MLflow registry, tasks/registered.py).
+REFERENCE_RESOLVERS: dict[str, Callable[[str], Path]] = {}
+
+
 def resolve_path(path: str, root: Path) -> Path:
-    """A params path: absolute, ~-expanded, or relative to the project root."""
+    """A params path: absolute, ~-expanded, or relative to the project root; a model reference with a registered
+    scheme (``REFERENCE_RESOLVERS``, e.g. ``models:/teacher@champion``) is the local directory it resolves to."""
+    for scheme, resolver in REFERENCE_RESOLVERS.items():
+        if path.startswith(scheme):
+            return resolver(path)
     p = Path(path).expanduser()
     return p if p.is_absolute() else (root / p).resolve()
 

@@ -4,6 +4,9 @@
     export PREFECT_API_URL=http://127.0.0.1:4200/api
     python -m flows.deploy --cron "0 3 * * *" [--params params.yaml | --preset local]   # keep it running
 
+    python -m flows.deploy --on-teacher NAME [--cron ...]  # a run whenever a new version of the teacher NAME is
+                                                           # registered (python -m flows.teacher register)
+
 Each scheduled run executes `flows.pipeline.pipeline` with the chosen params file; unchanged stages hit the
 Prefect cache, so a nightly run only recomputes what new data, code or params changed. `flow.serve` needs no work
 pool and no worker, but it needs a Prefect server: without PREFECT_API_URL Prefect would serve on an ephemeral
@@ -60,6 +63,17 @@ def scheduling_server() -> str:
     return url
 
 
+def teacher_trigger(name: str, params_file: str):
+    """A deployment trigger: one run (with the same params) per `distillery.teacher.registered` event of `name`."""
+    from prefect.events import DeploymentEventTrigger
+
+    from flows.teacher import EVENT, resource
+
+    return DeploymentEventTrigger(name=f"new teacher {name}", expect={EVENT},
+                                  match={"prefect.resource.id": resource(name)},
+                                  parameters={"params_file": params_file})
+
+
 def pause(deployment: str) -> None:
     """Pause the served deployment once this process stops (Ctrl-C, SIGTERM): its runs would otherwise pile up as
     late runs that a later `serve` starts all at once. `serve` pauses it too, but not reliably on SIGTERM (measured:
@@ -77,8 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m flows.deploy", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--name", default="nightly")
-    parser.add_argument("--cron", type=cron_expression, default="0 3 * * *",
-                        help="cron schedule (default: 03:00 every day)")
+    parser.add_argument("--cron", type=cron_expression, default=None,
+                        help="cron schedule (default: 03:00 every day, none with --on-teacher alone)")
+    parser.add_argument("--on-teacher", metavar="NAME", default=None,
+                        help="also run when a new version of the registered teacher NAME is registered "
+                             "(python -m flows.teacher register ... --name NAME)")
     add_params_options(parser)
     parser.add_argument("--debug", action="store_true", help="show the traceback of a user error")
     args = parser.parse_args(argv)
@@ -87,8 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         path = params_path(args.params, args.preset)
         load_params(path, inputs=True, root=env.ROOT)
         scheduling_server()
+        cron = args.cron or (None if args.on_teacher else "0 3 * * *")
         try:
-            pipeline.serve(name=args.name, cron=args.cron, parameters={"params_file": path})
+            pipeline.serve(name=args.name, cron=cron, parameters={"params_file": path},
+                           triggers=[teacher_trigger(args.on_teacher, path)] if args.on_teacher else None)
         finally:
             pause(f"{pipeline.name}/{args.name}")
         return 0

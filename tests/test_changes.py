@@ -73,3 +73,41 @@ def test_a_run_says_what_changed_reruns_only_that_and_compares_champions_on_the_
     assert "`reviews` dev: 0 rows added, 10 removed (60 -> 50)" in report
     assert "`registry.promote_margin`: 0.0 -> 1.0" in report
     assert "re-evaluated on the new dev split" in report
+
+
+def test_a_registered_teacher_resolves_to_the_version_its_alias_names(tmp_path, monkeypatch):
+    """`models:/<name>@<alias>` in params: the version the alias points at, its files in models/registered/; a new
+    version is a new directory (a new content hash for the stage keys); a reference to nothing is one clear error."""
+    import mlflow
+    import transformers
+
+    from distillery.config import load_params
+    from distillery.errors import UserError
+    from tasks import paths, registered
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setattr(paths, "MODELS", tmp_path / "models")
+    registered.resolve_registered.cache_clear()
+    for width in (16, 32):
+        cfg = transformers.BertConfig(vocab_size=40, hidden_size=width, num_hidden_layers=2, num_attention_heads=2,
+                                      intermediate_size=32)
+        transformers.BertForMaskedLM(cfg).save_pretrained(tmp_path / f"teacher-{width}")
+    assert registered.register_teacher(tmp_path / "teacher-16", "tiny") == 1
+    first = registered.resolve_registered("models:/tiny@champion")
+    assert first == tmp_path / "models" / "registered" / "tiny" / "v1" and (first / "config.json").is_file()
+    params = {**ONE_STUDENT, "teacher": {"init": "pretrained", "name_or_path": "models:/tiny@champion"},
+              "pretrain": {"enabled": False}, "augment": {"enabled": False}}
+    (tmp_path / "params.yaml").write_text(__import__("yaml").safe_dump(params))
+    assert load_params(tmp_path / "params.yaml", inputs=True, root=tmp_path).teacher.name_or_path.startswith("models:/")
+
+    assert registered.register_teacher(tmp_path / "teacher-32", "tiny") == 2
+    assert registered.resolve_registered("models:/tiny@champion") == first  # one run, one version
+    registered.resolve_registered.cache_clear()  # the next run
+    second = registered.resolve_registered("models:/tiny@champion")
+    assert second.name == "v2" and json.loads((second / "config.json").read_text())["hidden_size"] == 32
+    assert registered.resolve_registered("models:/tiny/1") == first
+    with pytest.raises(UserError, match="models:/tiny@nightly: no such registered model version"):
+        registered.resolve_registered("models:/tiny@nightly")
+    with pytest.raises(UserError, match="not a registered model reference"):
+        registered.resolve_registered("models:/a/b/c")

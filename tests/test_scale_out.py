@@ -373,6 +373,48 @@ def test_prefect_yaml_deployment_runs_on_its_cron_schedule_on_a_worker(stack):
     assert_on_time(stack, flow_run, since, "worker cron run", worker.log)
     assert [s["schedule"]["cron"] for s in stack.get(f"/deployments/{deployment['id']}")["schedules"]] == ["0 3 * * *"]
 
+def test_registering_a_teacher_starts_a_run_through_the_deployment_trigger(stack):
+    """`python -m flows.deploy --on-teacher NAME` serves a deployment with an event trigger and no schedule;
+    `python -m flows.teacher register DIR --name NAME` (MLflow server) emits the event, and the server's trigger
+    service creates a run of the deployment with its params, which the serving process runs to the end."""
+    served = Server([sys.executable, "-m", "flows.deploy", "--name", "on-teacher", "--on-teacher", "tiny-teacher"],
+                    None, stack.env, stack.tmp / "on-teacher.log", stack.project)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                deployment = stack.get("/deployments/name/distillery-pipeline/on-teacher")
+                break
+            except urllib.error.HTTPError as exc:
+                assert exc.code == 404 and time.monotonic() < deadline, served.log.read_text()[-4000:]
+                assert served.proc.poll() is None, served.log.read_text()[-4000:]
+                time.sleep(1)
+        assert deployment["schedules"] == [] and deployment["parameters"] == {"params_file": "params.yaml"}
+        assert stack.post("/flow_runs/filter", {"deployments": {"id": {"any_": [deployment["id"]]}}}) == []
+        time.sleep(5)  # the trigger reaches the server's trigger service with the deployment
+        said = run([sys.executable, "-m", "flows.teacher", "register", str(stack.project / "models" / "teacher-mlm"
+                                                                          / "model"), "--name", "tiny-teacher"],
+                   stack.project, stack.env).stdout
+        assert "registered teacher tiny-teacher version 1 (@champion)" in said
+        assert "event distillery.teacher.registered emitted" in said
+        deadline = time.monotonic() + 300
+        while True:
+            runs = stack.post("/flow_runs/filter", {"deployments": {"id": {"any_": [deployment["id"]]}}})
+            if runs and runs[0]["state"]["type"] in FINAL:
+                break
+            assert time.monotonic() < deadline, f"{runs[:1]}\n{served.log.read_text()[-6000:]}"
+            assert served.proc.poll() is None, served.log.read_text()[-6000:]
+            time.sleep(2)
+    finally:
+        served.stop()
+    [flow_run] = runs
+    assert not flow_run["auto_scheduled"] and flow_run["parameters"] == {"params_file": "params.yaml"}
+    assert flow_run["state"]["type"] == "COMPLETED", f"{flow_run['state']}\n{served.log.read_text()[-6000:]}"
+    with urllib.request.urlopen(f"{stack.mlflow_uri}/api/2.0/mlflow/registered-models/alias?name=tiny-teacher"
+                                "&alias=champion", timeout=30) as r:
+        assert json.load(r)["model_version"]["version"] == "1"
+
+
 def test_provenance_names_the_data_inputs_of_dvc_lock(tmp_path):
     lock = {"schema": "2.0", "stages": {
         "prepare_task-sst2": {"cmd": "python -m flows.stage prepare_task --item sst2",
