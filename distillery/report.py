@@ -44,6 +44,36 @@ def task_score(task: str, metrics: Mapping[str, Any]) -> float | None:
 AVERAGE = "average"
 
 
+def verdicts(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], students: list[str]) -> list[str]:
+    """What the run bought, one line per task in words: its best student's score against the teacher's (retention),
+    its speedup at batch 1 (and int8's), its gain over the same student trained without distillation, and how many
+    students beat their direct baseline."""
+    lines = []
+    for task, models in summary.items():
+        teacher = models.get("teacher", {})
+        scored = {s: task_score(task, models[s]) for s in students if s in models}
+        scored = {s: v for s, v in scored.items() if v is not None}
+        t_score = task_score(task, teacher)
+        if not scored or t_score is None or task == AVERAGE:
+            continue
+        best = max(scored, key=scored.get)
+        row = models[best]
+        kept = retention(scored[best], t_score)
+        line = f"{task}: best student {best} {scored[best]:.4f}" + (
+            f" = {kept:.2f} of the teacher's {t_score:.4f}" if kept is not None else f" (teacher {t_score:.4f})")
+        if isinstance(row.get("speedup_b1"), (int, float)):
+            line += f", {row['speedup_b1']:.1f}x faster at batch 1"
+            if isinstance(row.get("speedup_b1_int8"), (int, float)):
+                line += f" ({row['speedup_b1_int8']:.1f}x in int8)"
+        gains = {s: models[s]["gain_over_direct"] for s in scored
+                 if isinstance(models[s].get("gain_over_direct"), (int, float))}
+        if best in gains:
+            line += (f", {100 * gains[best]:+.1f} points over the same student without distillation; "
+                     f"{sum(g > 0 for g in gains.values())} of {len(gains)} students beat their direct baseline")
+        lines.append(line)
+    return lines
+
+
 def retention(score: float, teacher_score: float) -> float | None:
     """A score over its teacher's (the papers' "retains 96.8% of its teacher"); None when the teacher's score is not
     positive (an MCC, F1 or correlation of 0 or below), where the ratio means nothing."""

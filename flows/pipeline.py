@@ -41,6 +41,7 @@ from flows import api_server
 from flows import dvc as dvc_lock
 from flows.stages import STAGES, Node, upstream
 from tasks import changes, paths, tracking
+from tasks.evaluate import verdict_lines
 from tasks.execute import execute, label, say
 from tasks.stage import Stage, is_fresh, stage_key
 
@@ -237,6 +238,8 @@ def _pipeline(params_file: str) -> dict[str, Any]:
     if not stop:
         for message in failed_teachers:
             say(f"teacher gate: {message}")
+    for line in verdict_lines(p):
+        say(line)
     print(f"pipeline finished in {total} s; summary: {paths.summary()}")
     if stop:
         return {**_stopped(failed_teachers, timings), "seconds": total, "summary": str(paths.summary())}

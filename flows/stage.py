@@ -54,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 statuses[label(STAGES[name], item)] = changes.status(execute(STAGES[name], p, item))
             say(changes.console_line(changes.record(p, statuses, [(STAGES[name], item) for name, item in nodes(p)])))
+            from tasks.evaluate import verdict_lines
+
+            for line in verdict_lines(p):
+                say(line)
         else:
             valid = items(args.stage, p)
             if args.item not in valid:

@@ -228,6 +228,15 @@ def run_report(p: Params, _: str | None) -> dict[str, Any]:
     return {"artifacts": [str(w) for w in written] + [str(paths.summary())]}
 
 
+def verdict_lines(p: Params) -> list[str]:
+    """The run's result in words, one line per task (`distillery.report.verdicts`), from the summary it wrote."""
+    from distillery.report import verdicts
+
+    if not paths.summary().is_file():
+        return []
+    return verdicts(json.loads(paths.summary().read_text(encoding="utf-8")), list(p.students))
+
+
 def _has_loss(csv_text: str) -> bool:
     header, _, rows = csv_text.partition("\n")
     return "loss" in header.split(",") and bool(rows.strip())

@@ -217,9 +217,9 @@ def scratch(project: Path) -> Iterator[Path]:
 
 
 #: What a pipeline's console may print besides progress bars: the precision it runs at (distillery.precision, once),
-#: stage events, the registry's decisions, the summary.
+#: stage events, the registry's decisions, the change report's line, the result in words, the summary.
 EVENT_LINE = re.compile(r"^(precision: (bf16|fp32) .+|[a-z_]+(\[[^]]+\])?: (started|done in \d+ s)|"
-                        r"register \S+ version \d+: .+|changes: .+|pipeline finished in .+)$")
+                        r"register \S+ version \d+: .+|changes: .+|\S+: best student .+|pipeline finished in .+)$")
 
 
 def stage_lines(console: str) -> list[str]:

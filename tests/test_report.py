@@ -199,3 +199,17 @@ def test_loss_curves_get_one_panel_per_stage(tmp_path):
                                                "finetune teacher"]
     assert [t.get_text() for t in axes[1].get_legend().get_texts()] == [f"s{i}" for i in range(6)]
     assert (tmp_path / "loss_curves.png").stat().st_size > 0
+
+
+def test_the_run_in_words_names_the_best_student_its_retention_speedup_and_gain():
+    from distillery.report import verdicts
+
+    summary = {"sst2": {"teacher": {"accuracy": 0.9}, "trivial": {"accuracy": 0.5},
+                        "a": {"accuracy": 0.88, "speedup_b1": 3.04, "speedup_b1_int8": 7.5, "gain_over_direct": 0.031},
+                        "a-direct": {"accuracy": 0.849}, "a-int8": {"accuracy": 0.87},
+                        "b": {"accuracy": 0.8, "speedup_b1": 5.0, "gain_over_direct": -0.01}},
+               "cola": {"teacher": {"mcc": 0.0}, "a": {"mcc": 0.1}}}
+    assert verdicts(summary, ["a", "b"]) == [
+        "sst2: best student a 0.8800 = 0.98 of the teacher's 0.9000, 3.0x faster at batch 1 (7.5x in int8), +3.1 "
+        "points over the same student without distillation; 1 of 2 students beat their direct baseline",
+        "cola: best student a 0.1000 (teacher 0.0000)"]
