@@ -115,7 +115,8 @@ def test_dvc_repro_after_the_flow_runs_no_stage(prefect_project):
 @pytest.mark.slow
 def test_console_has_one_line_per_stage_event(prefect_project):
     """No warnings a user cannot act on (MLflow registration chatter, type-hint advice, load reports, evaluation
-    sub-bars): one line per stage event, the registry's decision, the summary."""
+    sub-bars): one line per stage event, the registry's decision, the change report, the result in words, the
+    summary."""
     _, first, _ = prefect_project
     lines = stage_lines(first.stdout + first.stderr)
     assert [line for line in lines if not EVENT_LINE.match(line)] == []
@@ -123,7 +124,9 @@ def test_console_has_one_line_per_stage_event(prefect_project):
     assert lines[0].startswith("precision: ")
     assert "\x1b[A" not in first.stderr  # a nested (evaluation) progress bar
     assert "Downloading artifacts" not in first.stderr  # MLflow's bar when the register stage loads a model
-    assert len(lines) <= 1 + 2 * 27 + 4 + 1  # the precision line, two per stage, the registry, the summary
+    # the precision line, two per stage, the registry, the change report, the result in words, the summary
+    assert len(lines) <= 1 + 2 * 27 + 4 + 1 + 1 + 1
+    assert lines[-3].startswith("changes: First run") and lines[-2].startswith("demo: best student ")
 
 
 @pytest.mark.slow
