@@ -1,5 +1,6 @@
-"""Continual distillation: each run compares itself with the last (reports/changes.md, one console line), re-runs only
-what changed, and promotes a challenger only over a champion measured on the same dev data."""
+"""A task of your own over its life: its champion served over HTTP; each later run compares itself with the last
+(reports/changes.md, one console line), re-runs only what changed, and promotes a challenger only over a champion
+measured on the same dev data; a teacher from the MLflow registry by alias."""
 
 from __future__ import annotations
 
@@ -21,20 +22,70 @@ def _line(console: str) -> str:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
+    """A task of your own (the demo task as a CSV with string labels) through one run: (project, its console)."""
     tmp = tmp_path_factory.mktemp("changes")
     (tmp / "reviews").mkdir()
     params = {**ONE_STUDENT, "augment": {"enabled": False},
               "data": {**ONE_STUDENT["data"], "tasks": ["reviews"], "custom": {"reviews": reviews(tmp / "reviews")}}}
-    return make_project(tmp / "project", params, dvc_yaml=False)
+    project = make_project(tmp / "project", params, dvc_yaml=False)
+    return project, run([sys.executable, "-m", "flows.stage", "all"], project).stdout
 
 
 def _registry(project) -> dict:
     return json.loads((project / "metrics" / "registry" / "micro-reviews.json").read_text())
 
 
+@pytest.mark.xdist_group("changes")
+def test_a_custom_tasks_champion_answers_a_raw_text_with_a_label_name_over_http(project):
+    """A task of your own (a CSV with string labels) through the pipeline to the registry; `mlflow models serve` of
+    its champion on 127.0.0.1 answers a raw sentence with one of the task's label names."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import time
+
+    import httpx
+
+    from helpers import env_for
+
+    project, _ = project
+    # no direct baseline here: the first version is the champion (and stays it through the other test's runs)
+    assert _registry(project)["champion"]["version"] == 1
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**env_for(project), "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}"}
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/micro-reviews@champion",
+                               "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)], cwd=project, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert server.poll() is None, server.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "mlflow models serve did not answer /ping in 3 minutes"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/ping", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        answer = httpx.post(f"http://127.0.0.1:{port}/invocations", timeout=60,
+                            json={"dataframe_records": [{"text": "the movie was truly wonderful"},
+                                                        {"text": "the plot was awful"}]})
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+    assert answer.status_code == 200, answer.text
+    predictions = answer.json()["predictions"]
+    assert len(predictions) == 2 and all(p["label"] in ("pan", "praise") and 0.0 <= p["score"] <= 1.0
+                                         for p in predictions), predictions
+
+
+@pytest.mark.xdist_group("changes")
 def test_a_run_says_what_changed_reruns_only_that_and_compares_champions_on_the_same_data(project):
+    project, first = project
     all_ = [sys.executable, "-m", "flows.stage", "all"]
-    first = run(all_, project).stdout
     assert _line(first).startswith("changes: First run")
     assert _registry(project)["alias"] == "champion"
 
