@@ -142,6 +142,9 @@ class DataSection(Section):
     demo_test: int = Field(400, ge=10)
     # the demo's training labels flipped at this rate (dev and test stay clean): few, noisy labels, as in real tasks
     demo_label_noise: float = Field(0.0, ge=0.0, lt=0.5)
+    # the share of demo sentences of two opposite clauses whose main clause decides ("the plot was dull, but the cast
+    # was superb"): a task that needs word order
+    demo_contrast: float = Field(0.0, ge=0.0, le=1.0)
 
     @field_validator("tasks")
     @classmethod

@@ -64,7 +64,34 @@ NEUTRAL = [
 ]
 
 
-def _sentence(rng: random.Random) -> tuple[str, int]:
+CONCESSIONS = ["although", "even though", "while"]
+
+
+def _clause(rng: random.Random) -> tuple[str, int]:
+    """`subject verb [negation] [intensifier] word` and its value (the word's polarity, flipped by a negation)."""
+    positive = rng.random() < 0.5
+    negated = rng.random() < 0.3
+    parts = [rng.choice(SUBJECTS), rng.choice(VERBS)] + ([rng.choice(NEGATIONS)] if negated else [])
+    parts += ([rng.choice(INTENSIFIERS)] if rng.random() < 0.5 else []) + [rng.choice(POSITIVE if positive else NEGATIVE)]
+    return " ".join(parts), int(positive != negated)
+
+
+def _contrast(rng: random.Random) -> tuple[str, int]:
+    """Two clauses of opposite value; the main one decides: `A, but B` and `although A, B` -> B; `B, although A` ->
+    B. Which clause counts depends on the connective and its place, not on the words: a bag of words cannot tell."""
+    while True:
+        (a, va), (b, vb) = _clause(rng), _clause(rng)
+        if va != vb:
+            break
+    form = rng.randrange(3)
+    concession = rng.choice(CONCESSIONS)
+    text = (f"{a}, but {b}", f"{concession} {a}, {b}", f"{b}, {concession} {a}")[form]
+    return text, vb
+
+
+def _sentence(rng: random.Random, contrast: float = 0.0) -> tuple[str, int]:
+    if contrast and rng.random() < contrast:
+        return _contrast(rng)
     positive = rng.random() < 0.5
     word = rng.choice(POSITIVE if positive else NEGATIVE)
     negated = rng.random() < 0.3
@@ -81,9 +108,10 @@ def _sentence(rng: random.Random) -> tuple[str, int]:
 
 
 def make_demo_task(out_dir: str | Path, *, n_train: int, n_dev: int, n_test: int, seed: int = 42,
-                   label_noise: float = 0.0) -> Path:
+                   label_noise: float = 0.0, contrast: float = 0.0) -> Path:
     """Write `<out_dir>/{train,dev,test}.tsv` in the SST-2 layout; returns out_dir. `label_noise`: the rate at which
-    training labels are flipped (drawn from a generator of their own: the sentences do not change with it)."""
+    training labels are flipped (drawn from a generator of their own: the sentences do not change with it);
+    `contrast`: the share of sentences of two opposite clauses (`_contrast`)."""
     out_dir = Path(out_dir)
     rng = random.Random(seed)
     flips = random.Random(seed + 7)
@@ -94,11 +122,11 @@ def make_demo_task(out_dir: str | Path, *, n_train: int, n_dev: int, n_test: int
             if split == "test":
                 w.writerow(["index", "sentence"])
                 for i in range(n):
-                    w.writerow([i, _sentence(rng)[0]])
+                    w.writerow([i, _sentence(rng, contrast)[0]])
             else:
                 w.writerow(["sentence", "label"])
                 for _ in range(n):
-                    text, label = _sentence(rng)
+                    text, label = _sentence(rng, contrast)
                     flip = split == "train" and flips.random() < label_noise
                     w.writerow([text, 1 - label if flip else label])
     return out_dir

@@ -120,7 +120,7 @@ class ClassificationKind:
             return custom_tasks.load(self.task, data.custom[self.task], root)
         if data.source == "demo":
             demo.make_demo_task(raw / self.task, n_train=data.demo_train, n_dev=data.demo_dev, n_test=data.demo_test,
-                                seed=seed, label_noise=data.demo_label_noise)
+                                seed=seed, label_noise=data.demo_label_noise, contrast=data.demo_contrast)
             return glue.load_local(self.task, raw)
 
         def one(task: str):
