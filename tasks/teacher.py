@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
 from pathlib import Path
@@ -100,9 +101,38 @@ def teacher_name(p: Params) -> str:
 
 
 def model_ref(ref: str) -> str:
-    """A params model reference as transformers loads it: the resolved local directory, or the Hub name."""
+    """A params model reference as transformers loads it: the resolved local directory; for a Hub id, the local files of
+    its current revision (`hub_snapshot`: their content hash is then in the keys of the stages that read it), or the
+    Hub id itself when it is neither cached nor reachable (the load says why)."""
     path = resolve(ref)
-    return str(path) if path.exists() else ref
+    if path.exists():
+        return str(path)
+    snapshot = hub_snapshot(ref)
+    return str(snapshot) if snapshot is not None else ref
+
+
+#: What a model's revision is read for: its config, tokenizer and safetensors weights (not its other formats).
+HUB_FILES = ["*.json", "*.txt", "*.model", "*.safetensors"]
+
+
+@functools.lru_cache(maxsize=None)
+def hub_snapshot(name: str) -> Path | None:
+    """The Hub model `name` at its current revision, as local files (once per process: one run, one revision): online
+    (HF_HUB_OFFLINE=0), the Hub's latest revision, downloaded into the Hugging Face cache; offline, the revision the
+    cache holds. None offline when it is not cached, or for a name that is no Hub id."""
+    from huggingface_hub import snapshot_download, try_to_load_from_cache
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    from distillery.io import hub_offline
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return None
+    if not hub_offline():
+        return Path(snapshot_download(name, allow_patterns=HUB_FILES))
+    cached = try_to_load_from_cache(name, "config.json")
+    return Path(cached).parent if isinstance(cached, str) else None
 
 
 def encoding(p: Params, task: str) -> dict[str, Any]:
@@ -227,8 +257,8 @@ def failed_gates(p: Params) -> list[str]:
 
 def _pretrain_deps(p: Params) -> list[Path]:
     deps = [paths.corpus()]
-    if p.teacher.init == "pretrained" and resolve(p.teacher.name_or_path).exists():
-        deps.append(resolve(p.teacher.name_or_path))
+    if p.teacher.init == "pretrained" and (teacher := Path(teacher_name(p))).exists():
+        deps.append(teacher)  # a local directory, or the Hub revision's files
     return deps
 
 
@@ -239,7 +269,7 @@ def _finetune_source_deps(p: Params) -> list[Path]:
 
 
 def _given_teacher_deps(p: Params, task: str) -> list[Path]:
-    local = resolve(p.teacher.finetuned[task])
+    local = Path(model_ref(p.teacher.finetuned[task]))
     return [local] if local.exists() else []
 
 

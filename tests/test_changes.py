@@ -162,3 +162,36 @@ def test_a_registered_teacher_resolves_to_the_version_its_alias_names(tmp_path, 
         registered.resolve_registered("models:/tiny@nightly")
     with pytest.raises(UserError, match="not a registered model reference"):
         registered.resolve_registered("models:/a/b/c")
+
+
+def test_a_hub_teacher_is_keyed_by_the_revision_it_resolves_to(tmp_path, monkeypatch):
+    """Offline, a Hub id resolves to the cached revision's files (what refs/main names); when the cache moves to a new
+    revision, the stages that read the teacher get new keys; an uncached id stays a name (no dependency)."""
+    import huggingface_hub.constants
+    import transformers
+
+    from distillery.config import parse_params
+    from tasks import teacher
+    from tasks.stage import stage_key
+
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    repo = cache / "models--org--tiny"
+    for revision, width in (("a" * 40, 16), ("b" * 40, 32)):
+        cfg = transformers.BertConfig(vocab_size=40, hidden_size=width, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=32)
+        transformers.BertForMaskedLM(cfg).save_pretrained(repo / "snapshots" / revision)
+    (repo / "refs").mkdir()
+    p = parse_params({**ONE_STUDENT, "teacher": {"init": "pretrained", "name_or_path": "org/tiny"},
+                      "augment": {"enabled": False}})
+    keys = []
+    for revision in ("a" * 40, "b" * 40):
+        (repo / "refs" / "main").write_text(revision)
+        teacher.hub_snapshot.cache_clear()
+        assert teacher.teacher_name(p) == str(repo / "snapshots" / revision)
+        assert teacher.PRETRAIN.deps(p, None)[-1] == repo / "snapshots" / revision
+        keys.append(stage_key(teacher.PRETRAIN, p, None))
+    assert keys[0] != keys[1]
+    teacher.hub_snapshot.cache_clear()
+    assert teacher.model_ref("org/not-cached") == "org/not-cached"
