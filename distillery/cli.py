@@ -11,7 +11,7 @@ import sys
 
 from distillery.errors import ArgumentParser, debug_requested, run_main
 
-# module path -> each exposes `register(subparsers)` adding parsers whose `func(args) -> int` runs them.
+# module path -> each exposes `add_commands(subparsers)` adding parsers whose `func(args) -> int` runs them.
 COMMAND_MODULES = [
     "distillery.glue.cli",
     "distillery.augment.cli",
@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show the traceback of a user error")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+        importlib.import_module(name).add_commands(sub)
     return parser
 
 

@@ -547,11 +547,11 @@ def parse_params(data: dict[str, Any], path: str = "params.yaml", root: Path | N
     if p.data.custom:
         from distillery import custom_tasks
 
-        custom_tasks.register(p.data.custom, _root(path, root))
+        custom_tasks.register_tasks(p.data.custom, _root(path, root))
     return p
 
 
-def teacher_dims(p: Params, root: Path) -> Dims | None:
+def declared_teacher_dims(p: Params, root: Path) -> Dims | None:
     """The teacher's dims from its params shape or its local config.json; None for a Hub name (read at stage time)."""
     t = p.teacher
     if t.init == "scratch":
@@ -605,7 +605,7 @@ def check_params(p: Params, path: str = "params.yaml", root: Path | None = None)
     if any(a.enabled and a.mlm == "teacher" for a in augment_sections(p)) and not p.pretrain.enabled:
         raise ConfigError(f"{path}: augment.mlm: 'teacher' is the pre-training stage's MLM and needs pretrain.enabled; "
                           "give a masked-LM checkpoint (directory or Hub name) instead, or set augment.enabled: false")
-    _check_students(p, teacher_dims(p, root), path, root)
+    _check_students(p, declared_teacher_dims(p, root), path, root)
     return p
 
 
@@ -746,7 +746,7 @@ def load_params(path: str | Path = "params.yaml", *, check: bool = True, inputs:
     if p.data.custom:  # parsed once per process, registered at every load (another params file may share a name)
         from distillery import custom_tasks
 
-        custom_tasks.register(p.data.custom, _root(str(path), root))
+        custom_tasks.register_tasks(p.data.custom, _root(str(path), root))
     if inputs:
         check_inputs(p, str(path), root)
     return p

@@ -1,7 +1,7 @@
 """Tasks of your own: a labelled dataset from files (CSV, TSV, JSON Lines, Parquet) or from the Hugging Face Hub,
 described under ``data.custom`` in params and listed in ``data.tasks`` beside the GLUE tasks.
 
-A task of your own becomes a `distillery.glue.TaskSpec` (`register`), so every stage treats it as a GLUE task:
+A task of your own becomes a `distillery.glue.TaskSpec` (`register_tasks`), so every stage treats it as a GLUE task:
 the trivial baseline and the teacher gate, augmentation, every recipe, the direct baselines, evaluation, the
 report, the registry. Its prepared splits have the GLUE loaders' columns (`distillery.glue.loaders`):
 
@@ -43,7 +43,7 @@ class CustomTaskError(UserError, ValueError):
 _REGISTERED: dict[str, tuple[Any, Path]] = {}
 
 
-def register(custom: Mapping[str, Any], root: Path) -> None:
+def register_tasks(custom: Mapping[str, Any], root: Path) -> None:
     """Register every task of ``data.custom`` (name -> `CustomTaskSection`); relative paths start at `root`. The
     spec is made when a stage first asks for it (it may read the training labels), once per description."""
     from distillery.glue.tasks import register_task

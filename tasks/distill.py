@@ -42,10 +42,10 @@ def teacher_dims(p: Params):
     """The teacher's dims: from params (a scratch shape, a local config.json), else its Hub config."""
     from transformers import AutoConfig
 
-    from distillery.config import teacher_dims as from_params
+    from distillery.config import declared_teacher_dims
     from distillery.models import Dims
 
-    dims = from_params(p, paths.ROOT)
+    dims = declared_teacher_dims(p, paths.ROOT)
     return dims if dims is not None else Dims.of_config(AutoConfig.from_pretrained(teacher_source(p)))
 
 

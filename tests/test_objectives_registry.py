@@ -17,9 +17,9 @@ from distillery.objectives import (
     ObjectiveConfigError,
     ObjectiveWeights,
     capture_specs,
-    register,
+    register_term,
     stage_terms,
-    unregister,
+    unregister_term,
 )
 from distillery.objectives.registry import STAGES
 from distillery.training.distill import Distiller, distill
@@ -65,7 +65,7 @@ def test_every_term_is_registered_once_next_to_its_equation():
         assert getattr(objectives, name).__module__ == f"distillery.objectives.{module}"  # exported
         assert set(term.stages) == stages
     with pytest.raises(ValueError, match="registered twice"):
-        register("attention_loss", stages=("intermediate",))(lambda batch: torch.zeros(()))
+        register_term("attention_loss", stages=("intermediate",))(lambda batch: torch.zeros(()))
 
 
 def test_stages_and_features_are_valid():
@@ -84,9 +84,9 @@ def test_stages_and_features_are_valid():
     assert {n for n, t in four.items() if t.head_wise} == {
         "attention_loss", "attention_kl", "value_relation_kl", "attention_transfer_loss"}
     with pytest.raises(ValueError, match="stages"):
-        register("toy", stages=("both",))
+        register_term("toy", stages=("both",))
     with pytest.raises(ValueError, match="feature"):
-        register("toy", stages=("intermediate",), features=(("attentions", "attention"),))
+        register_term("toy", stages=("intermediate",), features=(("attentions", "attention"),))
     assert "toy" not in TERMS
 
 
@@ -119,7 +119,7 @@ def test_unknown_names_are_refused():
     with pytest.raises(ObjectiveConfigError, match="toy"):
         capture_specs(["toy"], LayerMap())
     with pytest.raises(KeyError, match="toy"):
-        unregister("toy")
+        unregister_term("toy")
 
 
 class Counter:
@@ -160,13 +160,13 @@ def test_the_teacher_runs_only_when_a_term_needs_it():
 def toy_term():
     """MAE between mapped hidden states: a loss the training code has never heard of, registered for one test."""
 
-    @register("toy_hidden_mae", stages=("intermediate",), features=(("hidden", "states"),), paper="a test")
+    @register_term("toy_hidden_mae", stages=("intermediate",), features=(("hidden", "states"),), paper="a test")
     def compute(batch: Batch) -> torch.Tensor:
         s, t = batch.select("hidden", "states")
         return sum((a - b.detach()).abs().mean() for a, b in zip(s, t))
 
     yield compute
-    unregister("toy_hidden_mae")
+    unregister_term("toy_hidden_mae")
     assert "toy_hidden_mae" not in TERMS
 
 

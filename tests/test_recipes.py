@@ -236,7 +236,7 @@ def test_distilbert_pretraining_distillation_trains(tok, tmp_path):
     assert spec.options.temperature == 2.0 and dict(spec.objectives.weights) == dict(recipe.weights.weights)
     out = distill(teacher, student, spec, TrainRun(
         tmp_path / "pd", train, tokenizer=tok, data_collator=SmoothedMaskingCollator(tok, weights, seed=0),
-        args={**FAST, "logging_steps": 2, **recipe.train_options(), "learning_rate": 5e-3,
+        args={**FAST, "logging_steps": 2, **recipe.optimizer_options(), "learning_rate": 5e-3,
               "per_device_train_batch_size": 16, "num_train_epochs": 3}))
     rows = [r for r in read_log(out / "train_log.csv") if r.get("loss")]
     assert {"train_soft_target_loss", "train_mlm_loss", "train_cosine_loss"} <= set(rows[0])

@@ -60,7 +60,7 @@ def check_output_file(out: Path, source: Path) -> None:
                                     "`distillery augment`; it is left as it is: choose another path or remove it")
 
 
-def register(subparsers) -> None:
+def add_commands(subparsers) -> None:
     """Add `augment --task T (--input FILE | --data-dir DIR) --mlm DIR --glove FILE --output FILE ...`."""
     p = subparsers.add_parser("augment", help="TinyBERT data augmentation (Algorithm 1) of a GLUE train file")
     p.add_argument("--task", required=True, help="GLUE task name (cola, sst2, mrpc, ...)")

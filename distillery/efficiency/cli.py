@@ -163,7 +163,7 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
     sp = subparsers.add_parser("speed", help="latency/throughput of saved models (or .onnx files), interleaved")
     sp.add_argument("models", nargs="+", help="save_pretrained directories or .onnx files; the first is the reference")
     sp.add_argument("--batch", type=positive_int, default=1)

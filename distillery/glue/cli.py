@@ -25,7 +25,7 @@ def _stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers) -> None:
+def add_commands(subparsers) -> None:
     """Add `glue stats --data-dir DIR [--json]`."""
     glue = subparsers.add_parser("glue", help="GLUE tasks: data statistics")
     sub = glue.add_subparsers(dest="glue_command", required=True)

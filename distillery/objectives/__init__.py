@@ -2,7 +2,7 @@
 
 Pure tensor functions: lists of tensors over mapped layers (or single tensors) in, scalar out.
 ``attention_mask`` is (B, T) of 1/0. Teacher inputs are detached inside every objective.
-Each paper module also registers its terms (``registry.register``) next to their equations: importing this package
+Each paper module also registers its terms (``registry.register_term``) next to their equations: importing this package
 imports every module in it, which fills ``TERMS`` (a new paper's module needs no line here).
 """
 
@@ -28,9 +28,9 @@ from .registry import (
     Term,
     capture_specs,
     group_pairs,
-    register,
+    register_term,
     stage_terms,
-    unregister,
+    unregister_term,
 )
 from .weights import ObjectiveWeights
 
@@ -47,9 +47,9 @@ __all__ = [
     "Term",
     "capture_specs",
     "group_pairs",
-    "register",
+    "register_term",
     "stage_terms",
-    "unregister",
+    "unregister_term",
     "attention_kl",
     "attention_loss",
     "attention_transfer_loss",

@@ -1,6 +1,6 @@
 """Loss terms as a registry: each objective registers its name, the stages it belongs to, the features it needs
 captured on the mapped layers, and how it is computed from one batch (TextBrewer's declarative match list, as
-a registry): adding a loss is its function plus one ``@register(...)`` next to it.
+a registry): adding a loss is its function plus one ``@register_term(...)`` next to it.
 
 A feature is ``(kind, group)``: ``kind`` is what ``distillery.capture`` records (``scores``, ``probs``,
 ``queries``, ``keys``, ``values``, ``hidden``), ``group`` which layer-map pairs it is recorded for
@@ -118,7 +118,7 @@ _TERMS: dict[str, Term] = {}
 TERMS: Mapping[str, Term] = MappingProxyType(_TERMS)
 
 
-def register(name: str, *, stages: Sequence[str], features: Sequence[Feature] = (),
+def register_term(name: str, *, stages: Sequence[str], features: Sequence[Feature] = (),
              teacher_logits: bool | Callable[[LossOptions, Any], bool] = False, projection: bool = False,
              head_wise: bool = False, paper: str = "") -> Callable[[Callable[[Batch], Tensor]], Callable[[Batch], Tensor]]:
     """Decorator: register ``compute(batch) -> Tensor`` as the loss term ``name`` (stages, features and groups are
@@ -139,7 +139,7 @@ def register(name: str, *, stages: Sequence[str], features: Sequence[Feature] = 
     return deco
 
 
-def unregister(name: str) -> None:
+def unregister_term(name: str) -> None:
     """Remove a registered term (a term registered by a test or a notebook)."""
     if name not in _TERMS:
         raise KeyError(f"no loss term {name!r} is registered")
@@ -180,4 +180,4 @@ def stage_terms(stage: str) -> tuple[str, ...]:
 
 
 __all__ = ["Batch", "Feature", "LossOptions", "ObjectiveConfigError", "STAGES", "TERMS", "Term", "capture_specs",
-           "group_pairs", "register", "stage_terms", "unregister"]
+           "group_pairs", "register_term", "stage_terms", "unregister_term"]

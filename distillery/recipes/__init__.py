@@ -8,8 +8,8 @@ loss terms with their default weights (see ``base.py`` for what every recipe say
     mobilebert  IB teacher -> progressive | joint transfer (eqs. 2-3) -> pre-training distillation (eq. 4) -> fine-tuning
     any         init from a general checkpoint (path or Hub name) skips general distillation
 
-Adding a paper: its module here (a ``Recipe`` subclass with ``@register``; every module of this package is imported
-below, so nothing else lists it), its loss terms in ``distillery/objectives/<paper>.py`` (``@register`` of
+Adding a paper: its module here (a ``Recipe`` subclass with ``@register_recipe``; every module of this package is imported
+below, so nothing else lists it), its loss terms in ``distillery/objectives/<paper>.py`` (``@register_recipe`` of
 ``distillery.objectives.registry``), tests, params, a row in the README's recipe table and a page in
 docs/recipes/.
 """

@@ -30,10 +30,10 @@ from distillery.recipes.base import (
     prediction_stage,
     task_student,
 )
-from distillery.recipes.registry import register
+from distillery.recipes.registry import register_recipe
 
 
-@register
+@register_recipe
 class DistilBertRecipe(Recipe):
     """DistilBERT: init from teacher layers, 5 L_ce + 2 L_mlm + 1 L_cos, fine-tuning."""
 
@@ -69,7 +69,7 @@ class DistilBertRecipe(Recipe):
 
         return LossOptions(**{"temperature": self.temperature, **task})
 
-    def train_options(self) -> dict[str, Any]:
+    def optimizer_options(self) -> dict[str, Any]:
         """TrainingArguments of pre-training distillation that the official code sets."""
         return {"adam_beta2": self.adam_beta2, "adam_epsilon": self.adam_epsilon,
                 "max_grad_norm": self.max_grad_norm, "gradient_accumulation_steps": self.gradient_accumulation_steps}
@@ -107,7 +107,8 @@ class DistilBertRecipe(Recipe):
                                   tokenizer.all_special_ids)
         collator = SmoothedMaskingCollator(tokenizer, weights, self.mlm_probability, seed=ctx.seed)
         spec = self.layer_wise_spec(num_layers(model), num_layers(teacher))
-        run = TrainRun(ctx.out, train, tokenizer=tokenizer, data_collator=collator, args={**ctx.args, **self.train_options()})
+        run = TrainRun(ctx.out, train, tokenizer=tokenizer, data_collator=collator,
+                       args={**ctx.args, **self.optimizer_options()})
         distill(teacher, model, spec, run)
         return {"metrics": {"sequences": n}}
 

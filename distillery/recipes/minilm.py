@@ -18,10 +18,10 @@ from pydantic import Field
 
 from distillery.models import Dims
 from distillery.recipes.base import Recipe, RecipeError, StageContext, StudentStage
-from distillery.recipes.registry import register
+from distillery.recipes.registry import register_recipe
 
 
-@register
+@register_recipe
 class MiniLMRecipe(Recipe):
     """MiniLM: last-layer attention and value-relation KL, an optional teacher assistant, then fine-tuning."""
 

@@ -22,7 +22,7 @@ from pydantic import Field, model_validator
 
 from distillery.models import Dims
 from distillery.recipes.base import Recipe, RecipeError, Section, Shape, StageContext, StudentStage, corpus_dataset
-from distillery.recipes.registry import register
+from distillery.recipes.registry import register_recipe
 
 #: Corpus sequences on which the teachers' MLM losses are compared (same masks for every model).
 MLM_EVAL_SEQUENCES = 256
@@ -49,7 +49,7 @@ class IBTeacher(Section):
         return self
 
 
-@register
+@register_recipe
 class MobileBertRecipe(Recipe):
     """MobileBERT: IB teacher -> layer-wise transfer -> pre-training distillation (eq. 4) -> fine-tuning."""
 

@@ -22,10 +22,10 @@ from pydantic import Field
 
 from distillery.models import Dims
 from distillery.recipes.base import Init, Recipe, RecipeError, TaskContext, TeacherLayersInit, task_student
-from distillery.recipes.registry import register
+from distillery.recipes.registry import register_recipe
 
 
-@register
+@register_recipe
 class PKDRecipe(Recipe):
     """BERT-PKD: first k teacher layers, then soft targets + gold labels + the patient loss on the task."""
 

@@ -1,4 +1,4 @@
-"""Recipe name -> recipe class. A recipe module registers its class with ``@register``; ``distillery.recipes``
+"""Recipe name -> recipe class. A recipe module registers its class with ``@register_recipe``; ``distillery.recipes``
 imports every recipe module, then builds the params type of ``students.<name>`` from this registry."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from distillery.recipes.base import Recipe
 RECIPES: dict[str, type[Recipe]] = {}
 
 
-def register(cls: type[Recipe]) -> type[Recipe]:
+def register_recipe(cls: type[Recipe]) -> type[Recipe]:
     """Class decorator: make ``cls`` (its ``recipe`` tag) a recipe params can name."""
     name = cls.model_fields["recipe"].default
     if name in RECIPES and RECIPES[name] is not cls:

@@ -17,10 +17,10 @@ from typing import Any, ClassVar, Literal
 
 from distillery.models import Dims
 from distillery.recipes.base import Recipe, RecipeError, TaskContext, prediction_stage, task_student
-from distillery.recipes.registry import register
+from distillery.recipes.registry import register_recipe
 
 
-@register
+@register_recipe
 class TinyBertRecipe(Recipe):
     """TinyBERT: attention + hidden + embedding distillation, then the prediction layer."""
 

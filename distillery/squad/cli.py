@@ -46,7 +46,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers) -> None:
+def add_commands(subparsers) -> None:
     """Add `squad stats FILE [--json]` and `squad evaluate DATA_FILE PREDICTIONS_FILE [--na-prob-file F]`."""
     squad = subparsers.add_parser("squad", help="SQuAD reading comprehension: file statistics, official evaluation")
     sub = squad.add_subparsers(dest="squad_command", required=True)
