@@ -132,14 +132,14 @@ def make_demo_task(out_dir: str | Path, *, n_train: int, n_dev: int, n_test: int
     return out_dir
 
 
-def make_demo_corpus(path: str | Path, *, n_documents: int, seed: int = 42) -> Path:
-    """Write a raw-text corpus (paragraphs separated by blank lines) from the demo grammar."""
+def make_demo_corpus(path: str | Path, *, n_documents: int, seed: int = 42, contrast: float = 0.0) -> Path:
+    """Write a raw-text corpus (paragraphs separated by blank lines) from the demo grammar (`contrast`: as the task's)."""
     rng = random.Random(seed + 1)
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for _ in range(n_documents):
             sentences = []
             for _ in range(rng.randint(4, 10)):
-                text = _sentence(rng)[0] if rng.random() < 0.6 else rng.choice(NEUTRAL)
+                text = _sentence(rng, contrast)[0] if rng.random() < 0.6 else rng.choice(NEUTRAL)
                 sentences.append(text[0].upper() + text[1:] + rng.choice([".", ".", ".", "!"]))
             f.write(" ".join(sentences) + "\n\n")
     return Path(path)

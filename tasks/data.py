@@ -36,7 +36,8 @@ def run_prepare_corpus(p: Params, _: str | None) -> dict[str, Any]:
     from distillery import corpus, demo
 
     if p.corpus.source == "demo":
-        demo.make_demo_corpus(paths.raw_corpus(), n_documents=p.corpus.demo_documents, seed=p.seed)
+        demo.make_demo_corpus(paths.raw_corpus(), n_documents=p.corpus.demo_documents, seed=p.seed,
+                              contrast=p.data.demo_contrast)  # the demo task's language
         sources = [paths.raw_corpus()]
     else:
         sources = _corpus_files(p)
@@ -115,7 +116,8 @@ PREPARE_CORPUS = Stage(
     "prepare_corpus", run_prepare_corpus,
     deps=lambda p, _: _corpus_files(p) if p.corpus.source == "files" else [],
     outs=lambda p, _: [paths.corpus()],
-    params=lambda p, _: {"seed": p.seed, "corpus": p.corpus.model_dump(mode="json")},
+    params=lambda p, _: {"seed": p.seed, "corpus": p.corpus.model_dump(mode="json"),
+                         **({"demo_contrast": p.data.demo_contrast} if p.corpus.source == "demo" else {})},
     code=("distillery/corpus.py", "distillery/demo.py", "tasks/data.py"),
 )
 WORD_VECTORS = Stage(
