@@ -50,6 +50,7 @@ PARAM_KEYS = {
     "max_eval_examples": "data.max_eval_examples",
     "direct_finetune": "task_distillation.finetune",
     "student_dropout": "task_distillation.student_dropout",
+    "demo_contrast": "data.demo_contrast",
 }
 
 
