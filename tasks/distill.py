@@ -161,7 +161,7 @@ def task_context(p: Params, item: str, out: Path, *, general: bool = True):
                        train_args=lambda s: train_options(s, p.seed, **kind.train_args),
                        grid=lambda s: _grid(p, task, tokenizer, s, lambda: data(False)[1]),
                        general=general_student(p, student) if general else None,
-                       head=kind.head)
+                       head=kind.head, pretrained=teacher_source(p))
 
 
 def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
@@ -255,10 +255,19 @@ def _task_deps(p: Params, item: str) -> list[Path]:
     return deps + _checkpoint_deps(p, student)
 
 
+def _baseline_deps(p: Params, item: str) -> list[Path]:
+    """The task's data and teacher; the pre-trained teacher too for a student that starts there (`task_student`)."""
+    student, task = split_item(item)
+    recipe = p.students[student]
+    deps = [paths.task_data(task), paths.teacher(task) / "model"]
+    if recipe.runs_general and recipe.init.kind in ("teacher_layers", "pruned"):
+        deps += _teacher_source_deps(p)
+    return deps + _checkpoint_deps(p, student)
+
+
 BASELINE = Stage(
     "baseline", distributed(run_baseline), device="shared",
-    deps=lambda p, item: [paths.task_data(split_item(item)[1]), paths.teacher(split_item(item)[1]) / "model"]
-    + _checkpoint_deps(p, split_item(item)[0]),
+    deps=_baseline_deps,
     outs=lambda p, item: [paths.baseline(*split_item(item)) / "model"],
     params=lambda p, item: {"seed": p.seed, **encoding(p, split_item(item)[1]),
                             "student": p.students[split_item(item)[0]].model_dump(mode="json"),

@@ -212,6 +212,9 @@ class TaskContext:
     grid: Callable[[Any], tuple[Any, Any]]
     general: Path | None = None
     head: str = "sequence-classification"
+    #: the pre-trained teacher the student-level stages read (a model directory or Hub id): where a student that runs
+    #: a general stage from teacher layers starts, so its direct baseline starts there too
+    pretrained: Any = None
 
     def load(self, path: Path):
         """A saved student of the task (its head, the task's label settings)."""
@@ -497,14 +500,22 @@ def _pruned_student(init: PrunedInit, teacher, tokenizer, shape, data, head: str
 def task_student(recipe: Recipe, ctx: TaskContext, *, general: bool = True) -> Callable[[], Any]:
     """A factory of the task stage's starting student: the general student (when it ran and ``general``), else the
     recipe's init (teacher layers come from the fine-tuned teacher, whose classifier is copied too; a checkpoint
-    gets a fresh classifier); with ``task_distillation.student_dropout`` applied when set."""
+    gets a fresh classifier); with ``task_distillation.student_dropout`` applied when set.
+
+    The direct baseline (``general`` False) of a student whose general stage starts from the teacher's layers starts
+    where that stage starts: from the pre-trained teacher's layers with a fresh head, not from the fine-tuned
+    teacher's (which would hand it the teacher's task training and make the comparison one of initialisations)."""
     if general and ctx.general is not None:
         def factory():
             return ctx.load(ctx.general)
     else:
+        from_pretrained = (not general and recipe.runs_general and ctx.pretrained is not None
+                           and recipe.init.kind in ("teacher_layers", "pruned"))
+
         def factory():
+            teacher = ctx.load(ctx.pretrained) if from_pretrained else ctx.teacher
             data = ctx.data(False)[0] if recipe.init.kind == "pruned" else None  # pruning ranks on the task's inputs
-            return recipe.start_student(ctx.teacher, ctx.tokenizer, head=ctx.head, data=data, **ctx.labels)
+            return recipe.start_student(teacher, ctx.tokenizer, head=ctx.head, data=data, **ctx.labels)
     rate = ctx.sections.student_dropout
     if rate is None:
         return factory
