@@ -258,9 +258,8 @@ def _task_deps(p: Params, item: str) -> list[Path]:
 def _baseline_deps(p: Params, item: str) -> list[Path]:
     """The task's data and teacher; the pre-trained teacher too for a student that starts there (`task_student`)."""
     student, task = split_item(item)
-    recipe = p.students[student]
     deps = [paths.task_data(task), paths.teacher(task) / "model"]
-    if recipe.runs_general and recipe.init.kind in ("teacher_layers", "pruned"):
+    if p.students[student].starts_from_pretrained_layers:
         deps += _teacher_source_deps(p)
     return deps + _checkpoint_deps(p, student)
 

@@ -298,6 +298,12 @@ class Recipe(Section):
         return self.init.kind == "random"
 
     @property
+    def starts_from_pretrained_layers(self) -> bool:
+        """Whether the student starts from the pre-trained teacher's layers (its general stage does, from teacher
+        layers or pruned): where its direct baseline starts too."""
+        return self.runs_general and self.init.kind in ("teacher_layers", "pruned")
+
+    @property
     def needs_mlm_teacher(self) -> bool:
         """Whether a stage of the recipe distils an MLM teacher's output distribution."""
         return False
@@ -509,8 +515,7 @@ def task_student(recipe: Recipe, ctx: TaskContext, *, general: bool = True) -> C
         def factory():
             return ctx.load(ctx.general)
     else:
-        from_pretrained = (not general and recipe.runs_general and ctx.pretrained is not None
-                           and recipe.init.kind in ("teacher_layers", "pruned"))
+        from_pretrained = not general and recipe.starts_from_pretrained_layers and ctx.pretrained is not None
 
         def factory():
             teacher = ctx.load(ctx.pretrained) if from_pretrained else ctx.teacher
