@@ -27,8 +27,7 @@ from distillery.errors import UserError, debug_requested, run_main
 
 def main(argv: list[str] | None = None) -> int:
     from flows.stages import STAGES, items, nodes
-    from tasks import tracking
-    from tasks import changes
+    from tasks import changes, tracking
     from tasks.execute import execute, label, say
 
     parser = argparse.ArgumentParser(prog="python -m flows.stage", description=__doc__,
