@@ -324,6 +324,18 @@ def assert_on_time(stack: Stack, flow_run: dict, not_before: datetime, what: str
     return lateness
 
 
+def served_deployment(stack: Stack, name: str, process: Server, timeout: float = 120) -> dict:
+    """The deployment `name` of the pipeline, once the serving `process` has registered it with the server."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return stack.get(f"/deployments/name/distillery-pipeline/{name}")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 404 and time.monotonic() < deadline, process.log.read_text()[-4000:]
+            assert process.proc.poll() is None, process.log.read_text()[-4000:]
+            time.sleep(1)
+
+
 def test_served_deployment_runs_on_its_cron_schedule(stack):
     """`python -m flows.deploy` (flow.serve) with PREFECT_API_URL set: the server's scheduler creates the runs, the
     serving process runs them; stopping it pauses the schedule."""
@@ -331,15 +343,7 @@ def test_served_deployment_runs_on_its_cron_schedule(stack):
     served = Server([sys.executable, "-m", "flows.deploy", "--name", "served", "--cron", "* * * * *"], None,
                     stack.env, stack.tmp / "served.log", stack.project)
     try:
-        deadline = time.monotonic() + 120
-        while True:  # the deployment exists once the serving process has registered it
-            try:
-                deployment = stack.get("/deployments/name/distillery-pipeline/served")
-                break
-            except urllib.error.HTTPError as exc:
-                assert exc.code == 404 and time.monotonic() < deadline, served.log.read_text()[-4000:]
-                assert served.proc.poll() is None, served.log.read_text()[-4000:]
-                time.sleep(1)
+        deployment = served_deployment(stack, "served", served)
         assert deployment["work_pool_name"] is None and deployment["parameters"] == {"params_file": "params.yaml"}
         [schedule] = deployment["schedules"]
         assert schedule["schedule"]["cron"] == "* * * * *" and schedule["active"] and not deployment["paused"]
@@ -380,15 +384,7 @@ def test_registering_a_teacher_starts_a_run_through_the_deployment_trigger(stack
     served = Server([sys.executable, "-m", "flows.deploy", "--name", "on-teacher", "--on-teacher", "tiny-teacher"],
                     None, stack.env, stack.tmp / "on-teacher.log", stack.project)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                deployment = stack.get("/deployments/name/distillery-pipeline/on-teacher")
-                break
-            except urllib.error.HTTPError as exc:
-                assert exc.code == 404 and time.monotonic() < deadline, served.log.read_text()[-4000:]
-                assert served.proc.poll() is None, served.log.read_text()[-4000:]
-                time.sleep(1)
+        deployment = served_deployment(stack, "on-teacher", served)
         assert deployment["schedules"] == [] and deployment["parameters"] == {"params_file": "params.yaml"}
         assert stack.post("/flow_runs/filter", {"deployments": {"id": {"any_": [deployment["id"]]}}}) == []
         time.sleep(5)  # the trigger reaches the server's trigger service with the deployment
