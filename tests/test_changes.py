@@ -25,7 +25,7 @@ def project(tmp_path_factory):
     """A task of your own (the demo task as a CSV with string labels) through one run: (project, its console)."""
     tmp = tmp_path_factory.mktemp("changes")
     (tmp / "reviews").mkdir()
-    params = {**ONE_STUDENT, "augment": {"enabled": False},
+    params = {**ONE_STUDENT,  # augmentation on: a task of your own is augmented as a GLUE one
               "data": {**ONE_STUDENT["data"], "tasks": ["reviews"], "custom": {"reviews": reviews(tmp / "reviews")}}}
     project = make_project(tmp / "project", params, dvc_yaml=False)
     return project, run([sys.executable, "-m", "flows.stage", "all"], project).stdout
@@ -87,6 +87,9 @@ def test_a_run_says_what_changed_reruns_only_that_and_compares_champions_on_the_
     project, first = project
     all_ = [sys.executable, "-m", "flows.stage", "all"]
     assert _line(first).startswith("changes: First run")
+    augmented = (project / "data" / "augmented" / "reviews.tsv").read_text().splitlines()
+    # ONE_STUDENT augments its first 40 training rows: they and their variants
+    assert len(augmented) - 1 > 40 and "augment[reviews]: done in" in first
     assert _registry(project)["alias"] == "champion"
 
     # (a) nothing changed: every stage cached, one line says so
@@ -105,7 +108,8 @@ def test_a_run_says_what_changed_reruns_only_that_and_compares_champions_on_the_
     assert "`reviews` train: 3 rows added, 0 removed (200 -> 203)" in report
     assert f"`{train}`" in report  # the input file, old -> new hash
     ran = next(line for line in report.splitlines() if line.startswith("- ran ("))
-    assert "prepare_task[reviews]" in ran and "finetune_teacher[reviews]" in ran and "prepare_corpus" not in ran
+    assert "prepare_task[reviews]" in ran and "finetune_teacher[reviews]" in ran and "augment[reviews]" in ran
+    assert "prepare_corpus" not in ran and "word_vectors" not in ran
     assert "| micro-reviews | v1 " in report
 
     # (c) a challenger that cannot beat the champion by the margin: the champion stays, the version says why
