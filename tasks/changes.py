@@ -42,6 +42,7 @@ def report_path() -> Path:
     """This run's change report."""
     return paths.REPORTS / "changes.md"
 
+
 #: Stage statuses of a run: what `execute` did with each (stage, item).
 RAN, CACHED, SKIPPED = "ran", "cached", "skipped"
 

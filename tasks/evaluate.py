@@ -37,22 +37,12 @@ def baselines(p: Params, task: str) -> dict[str, Path]:
     return {f"{name}-direct": paths.baseline(name, task) / "model" for name in p.students}
 
 
-def _flops(config, seq_len: int) -> int | None:
-    """FLOPs of one example; None for an encoder the analytic count does not cover (DeBERTa)."""
-    from distillery.efficiency import FlopsConfigError, flops_per_example
-
-    try:
-        return flops_per_example(config, seq_len)
-    except FlopsConfigError:
-        return None
-
-
 def run_evaluate(p: Params, task: str) -> dict[str, Any]:
     from datasets import DatasetDict
     from transformers import AutoConfig
 
     from distillery import glue, precision
-    from distillery.efficiency import parameter_counts
+    from distillery.efficiency import flops_if_counted, parameter_counts
     from distillery.models import load_model
 
     data = load_task(task)
@@ -72,7 +62,7 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
         results[name] = {
             "params": counts["total"],
             "non_embedding_params": counts["non_embedding"],
-            "flops": _flops(AutoConfig.from_pretrained(str(model_dir)), p.evaluation.latency_seq_len),
+            "flops": flops_if_counted(AutoConfig.from_pretrained(str(model_dir)), p.evaluation.latency_seq_len),
             **metrics,
             "main": kind.main_score(metrics),
         }

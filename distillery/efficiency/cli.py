@@ -69,7 +69,7 @@ def export_dir(model_dir: str | Path, out_dir: str | Path, *, opset: int = 17, i
         optimize_onnx,
         quantize_onnx,
     )
-    from distillery.efficiency.flops import FlopsConfigError, flops_per_example
+    from distillery.efficiency.flops import flops_if_counted
     from distillery.efficiency.size import disk_size_bytes, parameter_counts
 
     model_dir, out_dir = Path(model_dir), Path(out_dir)
@@ -80,10 +80,7 @@ def export_dir(model_dir: str | Path, out_dir: str | Path, *, opset: int = 17, i
     check_tokenizer_fits(model_dir)
     model = load_model_for_export(model_dir)
     info: dict = {"source": str(model_dir), "parameters": parameter_counts(model)}
-    try:
-        info["flops_per_example_128"] = flops_per_example(model.config, 128)
-    except FlopsConfigError:
-        info["flops_per_example_128"] = None
+    info["flops_per_example_128"] = flops_if_counted(model.config, 128)
     with atomic_dir(out_dir) as tmp:
         res = export_onnx(model, tmp / "model.onnx", opset=opset)
         info["onnx"] = {**res.as_dict(), "path": "model.onnx"}

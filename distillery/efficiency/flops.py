@@ -136,3 +136,11 @@ def flops_breakdown(config: Any, seq_len: int = 128, *, head: Head = "classifier
 def flops_per_example(config: Any, seq_len: int = 128, *, head: Head = "classifier") -> int:
     """Total FLOPs (2 x multiply-adds) for one example of `seq_len` tokens; see the module docstring."""
     return flops_breakdown(config, seq_len, head=head).total
+
+
+def flops_if_counted(config: Any, seq_len: int = 128, *, head: Head = "classifier") -> int | None:
+    """`flops_per_example`, or None for a config it cannot count (a model type outside ``COUNTED``, e.g. DeBERTa)."""
+    try:
+        return flops_per_example(config, seq_len, head=head)
+    except FlopsConfigError:
+        return None
