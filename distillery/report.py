@@ -333,7 +333,7 @@ def _scatter(rows: list[dict[str, Any]], key: str, xlabel: str, scale: float, pa
 def _curve_panels(curves: Mapping[str, tuple[list[float], list[float]]], path: Path) -> Path:
     """One panel per stage (a curve's name is `<stage>-<item>`), each with its own legend of items."""
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     groups: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
     for name, curve in curves.items():
@@ -345,10 +345,13 @@ def _curve_panels(curves: Mapping[str, tuple[list[float], list[float]]], path: P
     for ax, (stage, items) in zip(axes.flat, groups.items()):
         for item, (steps, losses) in items.items():
             ax.plot(steps, losses, label=item, linewidth=1.2)
-        if all(v > 0 for line in ax.get_lines() for v in line.get_ydata()):
+        values = [v for line in ax.get_lines() for v in line.get_ydata()]
+        if all(v > 0 for v in values):
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-            ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            # minor ticks labelled only within one decade (across several their labels ran into each other)
+            ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}") if max(values) < 10 * min(values)
+                                         else NullFormatter())
         ax.set_title(stage.replace("_", " "), fontsize=10)
         ax.set_xlabel("step", fontsize=8)
         ax.set_ylabel("training loss", fontsize=8)
