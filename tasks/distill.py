@@ -252,6 +252,8 @@ def _task_deps(p: Params, item: str) -> list[Path]:
         deps.append(paths.augmented(task))
     if (start := general_student(p, student)) is not None:
         deps.append(start)
+    elif recipe.starts_from_pretrained_layers:  # its layers come from the pre-trained teacher (`task_student`)
+        deps += _teacher_source_deps(p)
     return deps + _checkpoint_deps(p, student)
 
 

@@ -249,6 +249,10 @@ class Recipe(Section):
     STAGE: ClassVar[str] = "intermediate"
     #: Whether the student may be deeper than the teacher (MobileBERT: it takes its IB teacher's depth).
     ANY_DEPTH: ClassVar[bool] = False
+    #: Whether a student initialised from teacher layers copies them from the pre-trained teacher (a fresh head) even
+    #: when it runs no general stage (BERT-PKD: its official code starts BERT_k from pre-trained BERT's first k
+    #: layers); otherwise such a student starts from the fine-tuned teacher, whose classifier it copies too.
+    LAYERS_FROM_PRETRAINED: ClassVar[bool] = False
     #: Every student-level stage :meth:`stages` may return, in order -> the folder of ``models/`` it writes
     #: (``models/<folder>/<student>/model``).
     STUDENT_STAGES: ClassVar[dict[str, str]] = {"general_distillation": "general"}
@@ -299,9 +303,9 @@ class Recipe(Section):
 
     @property
     def starts_from_pretrained_layers(self) -> bool:
-        """Whether the student starts from the pre-trained teacher's layers (its general stage does, from teacher
-        layers or pruned): where its direct baseline starts too."""
-        return self.runs_general and self.init.kind in ("teacher_layers", "pruned")
+        """Whether the student starts from the pre-trained teacher's layers (teacher layers or pruned, in its general
+        stage, or in its task stage when ``LAYERS_FROM_PRETRAINED``): where its direct baseline starts too."""
+        return (self.runs_general or self.LAYERS_FROM_PRETRAINED) and self.init.kind in ("teacher_layers", "pruned")
 
     @property
     def needs_mlm_teacher(self) -> bool:
@@ -505,8 +509,9 @@ def _pruned_student(init: PrunedInit, teacher, tokenizer, shape, data, head: str
 
 def task_student(recipe: Recipe, ctx: TaskContext, *, general: bool = True) -> Callable[[], Any]:
     """A factory of the task stage's starting student: the general student (when it ran and ``general``), else the
-    recipe's init (teacher layers come from the fine-tuned teacher, whose classifier is copied too; a checkpoint
-    gets a fresh classifier); with ``task_distillation.student_dropout`` applied when set.
+    recipe's init (teacher layers come from the fine-tuned teacher, whose classifier is copied too, unless the
+    recipe's layers come from the pre-trained teacher; a checkpoint gets a fresh classifier); with
+    ``task_distillation.student_dropout`` applied when set.
 
     The direct baseline (``general`` False) of a student whose general stage starts from the teacher's layers starts
     where that stage starts: from the pre-trained teacher's layers with a fresh head, not from the fine-tuned
@@ -515,7 +520,7 @@ def task_student(recipe: Recipe, ctx: TaskContext, *, general: bool = True) -> C
         def factory():
             return ctx.load(ctx.general)
     else:
-        from_pretrained = not general and recipe.starts_from_pretrained_layers and ctx.pretrained is not None
+        from_pretrained = recipe.starts_from_pretrained_layers and ctx.pretrained is not None
 
         def factory():
             teacher = ctx.load(ctx.pretrained) if from_pretrained else ctx.teacher

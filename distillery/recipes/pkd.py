@@ -1,7 +1,10 @@
 """BERT-PKD (Sun et al., EMNLP 2019, "Patient Knowledge Distillation for BERT Model Compression", Sec. 3-4).
 
-    init: the fine-tuned teacher's embeddings and first k layers (BERT_k "initialised from the first k layers")
-    -> task distillation over the lr x batch grid: L = (1 - alpha) L_CE + alpha L_DS(T) + beta L_PT
+    init: the pre-trained teacher's embeddings and first k layers, a fresh classifier (BERT_k "initialised from the
+    first k layers"; the official code's default encoder checkpoint is pre-trained BERT)
+    -> task distillation over the fine-tuning grid (``task_distillation.finetune``, the one its direct baseline
+       gets: the paper searches FT, KD and PKD over the same learning rates and epochs):
+       L = (1 - alpha) L_CE + alpha L_DS(T) + beta L_PT
        (``distillery.objectives.pkd``), the student learning "patiently" from the [CLS] states of teacher layers
        I_pt(j), j = 1..k-1 (the last layer is taught by L_DS):
          PKD-Skip (``strategy: skip``, the paper's better one): I_pt(j) = j * N/k, e.g. {2, 4, 6, 8, 10} for 12 -> 6
@@ -38,6 +41,7 @@ class PKDRecipe(Recipe):
     patient_reduction: Literal["paper", "official"] = "paper"
 
     OBJECTIVES: ClassVar[dict[str, float]] = {"hard_label_loss": 0.5, "prediction_loss": 0.5, "patient_loss": 100.0}
+    LAYERS_FROM_PRETRAINED: ClassVar[bool] = True
 
     @property
     def weights(self):
@@ -88,7 +92,7 @@ class PKDRecipe(Recipe):
         return super().start_student(teacher, tokenizer, head=head, data=data, **head_kwargs)
 
     def task_stage(self, ctx: TaskContext):
-        """Patient distillation over the prediction grid; the teacher runs on every batch (its hidden states)."""
+        """Patient distillation over the fine-tuning grid; the teacher runs on every batch (its hidden states)."""
         from dataclasses import replace
 
         from distillery.models import num_layers
@@ -100,7 +104,7 @@ class PKDRecipe(Recipe):
         spec = DistillSpec(self.weights, "prediction", self.map_layers(n_student, num_layers(ctx.teacher)),
                            self.loss_options(), teacher_train_mode=self.teacher_train_mode)
         train, dev = ctx.data(False)
-        grid, run = ctx.grid(ctx.sections.prediction)
+        grid, run = ctx.grid(ctx.sections.finetune)
         grid = replace(grid, cache_teacher_logits=False)
         return prediction_grid(ctx.teacher, start, spec, run.with_(output_dir=ctx.out / "grid", train_dataset=train,
                                                                    eval_dataset=dev), grid), None
