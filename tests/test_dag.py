@@ -104,7 +104,6 @@ def test_the_flow_runs_on_a_dask_cluster(tmp_path):
     assert len([line for line in second if line.endswith(": cached")]) == len(ran)
 
 
-
 def test_only_a_dask_close_timeout_left_unread_leaves_the_asyncio_log(caplog):
     """The asyncio record of tornado's timeout future that a closing in-process Dask worker leaves unread is dropped;
     any other unread future's error is still logged."""
