@@ -1,7 +1,7 @@
 """Typed pipeline configuration: `params.yaml` validated before any work.
 
 One section per pipeline stage. Unknown keys, wrong types and impossible values stop the run with a
-message naming the file and the dotted key (e.g. ``params.yaml: task_distillation.prediction.lrs: ...``).
+message naming the file and the dotted key (e.g. ``params.yaml: task_distillation.prediction.learning_rates: ...``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class ConfigError(UserError, ValueError):
 
 class TrainSection(Section):
     epochs: float = Field(1.0, gt=0)
-    lr: float = Field(5e-5, gt=0, lt=1)
+    learning_rate: float = Field(5e-5, gt=0, lt=1)
     batch_size: int = Field(32, ge=1)
     warmup_ratio: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.01, ge=0)
@@ -296,13 +296,13 @@ class IntermediateSection(TrainSection):
 class GridSection(Section):
     """An lr x batch-size grid of task runs, best on dev (the papers' model selection)."""
 
-    lrs: list[float] = Field(default_factory=lambda: [1e-5, 2e-5, 3e-5], min_length=1)
+    learning_rates: list[float] = Field(default_factory=lambda: [1e-5, 2e-5, 3e-5], min_length=1)
     batch_sizes: list[int] = Field(default_factory=lambda: [16, 32], min_length=1)
     epochs: float = Field(3.0, gt=0)
     warmup_ratio: float = Field(0.1, ge=0, lt=1)
     checkpoint_steps: int | None = Field(None, ge=1)  # as in TrainSection
 
-    @field_validator("lrs")
+    @field_validator("learning_rates")
     @classmethod
     def _positive_lrs(cls, v: list[float]) -> list[float]:
         if any(lr <= 0 or lr >= 1 for lr in v):
@@ -392,12 +392,12 @@ TASK_EVALUATION_KEYS = ("latency_seq_len",)
 
 
 class TaskOverrides(Section):
-    """One task's own settings (`per_task.<task>`): partial `finetune`, `augment` and `task_distillation` sections
+    """One task's own settings (`per_task.<task>`): partial `teacher_finetune`, `augment` and `task_distillation` sections
     and the task's encoding and timing keys of `data` and `evaluation` (`TASK_DATA_KEYS`, `TASK_EVALUATION_KEYS`),
     merged key by key over the run's for that task's stages (`Params.for_task`). Only settings that no other task's
     stage reads can differ per task."""
 
-    finetune: dict[str, Any] = Field(default_factory=dict)
+    teacher_finetune: dict[str, Any] = Field(default_factory=dict)
     augment: dict[str, Any] = Field(default_factory=dict)
     task_distillation: dict[str, Any] = Field(default_factory=dict)
     data: dict[str, Any] = Field(default_factory=dict)
@@ -432,7 +432,7 @@ class Params(Section):
     corpus: CorpusSection = CorpusSection()
     teacher: TeacherSection
     pretrain: PretrainSection = PretrainSection()
-    finetune: FinetuneSection = FinetuneSection()
+    teacher_finetune: FinetuneSection = FinetuneSection()
     word_vectors: WordVectorsSection = WordVectorsSection()
     augment: AugmentSection = AugmentSection()
     students: dict[str, StudentRecipe] = Field(min_length=1)
@@ -497,7 +497,7 @@ class Params(Section):
 def _uneven_batches(n: int, d: dict[str, Any]) -> str | None:
     """What is wrong when a batch size of the sections `d` does not split evenly across `n` processes."""
     td = d.get("task_distillation")
-    batches = {f"{k}.batch_size": [d[k].batch_size] for k in ("pretrain", "finetune", "general_distillation") if k in d}
+    batches = {f"{k}.batch_size": [d[k].batch_size] for k in ("pretrain", "teacher_finetune", "general_distillation") if k in d}
     if td is not None:
         batches.update({"task_distillation.intermediate.batch_size": [td.intermediate.batch_size],
                         "task_distillation.prediction.batch_sizes": td.prediction.batch_sizes,
@@ -507,6 +507,19 @@ def _uneven_batches(n: int, d: dict[str, Any]) -> str | None:
             return (f"nproc_per_node={n} does not divide {key} ({', '.join(map(str, values))}): every batch size in "
                     "params is the global batch, split evenly across the processes")
     return None
+
+
+#: keys renamed so that a name has one meaning and a hyper-parameter keeps its name from params to the library
+#: (2026-11-26); an old params file gets "unknown key (now `...`)"
+RENAMED_KEYS = {"finetune": "teacher_finetune", "lr": "learning_rate", "lrs": "learning_rates"}
+
+
+def _renamed(loc: list) -> str:
+    """The hint for an unknown key that an older params file used (`finetune` only where a section stood)."""
+    key = loc[-1] if loc else None
+    if key not in RENAMED_KEYS or (key == "finetune" and not (len(loc) == 1 or loc[0] == "per_task")):
+        return ""
+    return f" (now `{RENAMED_KEYS[key]}`)"
 
 
 def _format_error(path: str, exc: ValidationError, prefix: str = "") -> str:
@@ -520,7 +533,7 @@ def _format_error(path: str, exc: ValidationError, prefix: str = "") -> str:
         key = ".".join([prefix] * bool(prefix) + [str(p) for p in loc])
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = "unknown key"
+            msg = "unknown key" + _renamed(loc)
         lines.append(f"{path}: {key or '<top>'}: {msg}")
     return "\n".join(lines)
 

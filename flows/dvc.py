@@ -45,7 +45,7 @@ PARAM_KEYS = {
     "tasks": "data.tasks",
     "students": "students",
     "augment": "augment",
-    "min_gain_over_trivial": "finetune.min_gain_over_trivial",
+    "min_gain_over_trivial": "teacher_finetune.min_gain_over_trivial",
     "baselines": "evaluation.baselines",
     "max_eval_examples": "data.max_eval_examples",
     "direct_finetune": "task_distillation.finetune",

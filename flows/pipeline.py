@@ -181,7 +181,7 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
     """Run every stage as a DAG (see `submit_stages`). A user error (bad params, input file, model) stops the run: its
     one-line message is printed last (``error: ...``) and returned in the result's "stopped"; stages that do not
     depend on the failed one still finish. A task whose teacher failed the gate is not distilled, the others are; the
-    run ends with one line per such task (``teacher gate: ...``), or, with `finetune.stop_on_failed_gate`, with them
+    run ends with one line per such task (``teacher gate: ...``), or, with `teacher_finetune.stop_on_failed_gate`, with them
     as ``error:`` lines and the result's "stopped" (exit code 2). A Prefect API server that goes away meanwhile is
     one console line (flows.api_server); the stages go on."""
     api_server.install()
@@ -229,11 +229,11 @@ def _pipeline(params_file: str) -> dict[str, Any]:
         from tasks.teacher import failed_gates
 
         failed_teachers = failed_gates(p)  # the tasks not distilled: their gated stages said `skipped`
-        stop = bool(failed_teachers) and p.finetune.stop_on_failed_gate
+        stop = bool(failed_teachers) and p.teacher_finetune.stop_on_failed_gate
         if failed_teachers:
             mlflow.set_tag("teacher_gate_failed", "\n".join(failed_teachers)[:5000])
         if stop:
-            mlflow.set_tag("stopped", "teacher gate (finetune.stop_on_failed_gate)")
+            mlflow.set_tag("stopped", "teacher gate (teacher_finetune.stop_on_failed_gate)")
             # report not recorded in dvc.lock: `dvc repro` then runs its report stage, which ends the same way
             done = [node for node in done if node[0] != "report"]
         mlflow.log_metrics({f"seconds.{k.replace('[', '.').replace(']', '').replace(':', '.')}": v

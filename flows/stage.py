@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.stage == "register":  # refused before the stage starts: no `.started` stamp left behind
                 tracking.require("the register stage")
             execute(STAGES[args.stage], p, args.item)
-        if args.stage in ("all", "report") and p.finetune.stop_on_failed_gate:
+        if args.stage in ("all", "report") and p.teacher_finetune.stop_on_failed_gate:
             from tasks.teacher import failed_gates
 
             if failed := failed_gates(p):  # the run ends as the flow's does: one `error:` line per task, exit 2

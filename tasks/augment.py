@@ -68,6 +68,6 @@ AUGMENT = Stage(
     outs=lambda p, t: [paths.augmented(t)],
     params=lambda p, t: {"seed": p.seed, "augment": p.augment.model_dump(mode="json"),
                          "max_words": p.word_vectors.max_words,
-                         "min_gain_over_trivial": p.finetune.min_gain_over_trivial, **distributed_params(p)},
+                         "min_gain_over_trivial": p.teacher_finetune.min_gain_over_trivial, **distributed_params(p)},
     code=("distillery/augment", "distillery/glue", "tasks/augment.py", "tasks/teacher.py"),
 )

@@ -135,7 +135,7 @@ def _grid(p: Params, task: str, tokenizer, section, dev: Callable[[], Any]):
     compute, main = kind.training_metrics(lambda: (load_task(task)["dev"], dev()), tokenizer.pad_token_id)
     cache = section.cache_teacher_logits if isinstance(section, PredictionSection) else True
     cache = cache and kind.caches_teacher_logits
-    grid = Grid(learning_rates=tuple(section.lrs), batch_sizes=tuple(section.batch_sizes), epochs=section.epochs,
+    grid = Grid(learning_rates=tuple(section.learning_rates), batch_sizes=tuple(section.batch_sizes), epochs=section.epochs,
                 cache_teacher_logits=cache)
     args = {**kind.train_args, "warmup_steps": section.warmup_ratio, "seed": p.seed, "per_device_eval_batch_size": 64,
             "save_total_limit": 1, "logging_steps": 5, **checkpoint_options(section.checkpoint_steps)}
@@ -285,6 +285,6 @@ TASK_DISTILLATION = Stage(
                             "student": p.students[split_item(item)[0]].model_dump(mode="json"),
                             "augment": p.augment.enabled,
                             "task_distillation": p.task_distillation.model_dump(mode="json"),
-                            "min_gain_over_trivial": p.finetune.min_gain_over_trivial, **distributed_params(p)},
+                            "min_gain_over_trivial": p.teacher_finetune.min_gain_over_trivial, **distributed_params(p)},
     code=TRAINING_CODE + ("distillery/glue", "tasks/teacher.py"),
 )

@@ -264,7 +264,7 @@ def _summary(p: Params) -> dict[str, Any]:
     with `baseline_of`). The teacher's row says whether it passed the gate (`passed_gate`, as the evaluate stage
     recorded it; when not, `gate` holds the one-line reason and the task has no student rows: nothing was
     distilled). Retention (main dev score over the teacher's) is given only when the teacher passed
-    the gate (beat the trivial baseline by `finetune.min_gain_over_trivial`); each student also gets
+    the gate (beat the trivial baseline by `teacher_finetune.min_gain_over_trivial`); each student also gets
     `gain_over_direct`, its main score minus its direct baseline's. Under `average`: each model's mean main score
     over the tasks and, when every teacher passed its gate, the students' retention of the teacher's average
     (and the mean of their per-task retentions)."""
@@ -324,7 +324,7 @@ EVALUATE = Stage(
     outs=lambda p, t: [paths.evaluation(t), predictions_dir(t)]
     + ([paths.export(s, t) for s in p.students] if p.evaluation.export_onnx else []),
     params=lambda p, t: {**encoding(p, t), "evaluation": p.evaluation.model_dump(mode="json"),
-                         "min_gain_over_trivial": p.finetune.min_gain_over_trivial},
+                         "min_gain_over_trivial": p.teacher_finetune.min_gain_over_trivial},
     code=("distillery/evaluation.py", "distillery/efficiency", "distillery/glue", "distillery/squad",
           "distillery/task_kinds.py", "tasks/evaluate.py", "tasks/teacher.py"),
 )
@@ -335,6 +335,6 @@ REPORT = Stage(
     params=lambda p, _: {"tasks": p.data.tasks, "students": sorted(p.students), "baselines": p.evaluation.baselines,
                          "precision": p.precision,
                          "max_eval_examples": p.data.max_eval_examples,
-                         "min_gain_over_trivial": {t: p.for_task(t).finetune.min_gain_over_trivial for t in p.data.tasks}},
+                         "min_gain_over_trivial": {t: p.for_task(t).teacher_finetune.min_gain_over_trivial for t in p.data.tasks}},
     code=("distillery/report.py", "tasks/evaluate.py"),
 )

@@ -23,7 +23,7 @@ def train_options(s: TrainSection, seed: int, **extra: Any) -> dict[str, Any]:
 
     opts = {
         "num_train_epochs": s.epochs,
-        "learning_rate": s.lr,
+        "learning_rate": s.learning_rate,
         "per_device_train_batch_size": per_device_batch(s.batch_size),
         "per_device_eval_batch_size": max(s.batch_size, 64),
         "warmup_steps": s.warmup_ratio,  # transformers 5: a float in [0, 1) is a ratio of total steps
@@ -61,9 +61,9 @@ def teacher_source(p: Params) -> str:
 
 def finetune_source(p: Params) -> str:
     """Where teacher fine-tuning starts: the pretrained checkpoint as given, not the continued-MLM copy the
-    pre-training stage makes for augmentation (unless `finetune.from_continued_mlm`); a scratch teacher
+    pre-training stage makes for augmentation (unless `teacher_finetune.from_continued_mlm`); a scratch teacher
     starts from the pre-training stage, its only pre-training."""
-    if p.teacher.init == "scratch" or (p.pretrain.enabled and p.finetune.from_continued_mlm):
+    if p.teacher.init == "scratch" or (p.pretrain.enabled and p.teacher_finetune.from_continued_mlm):
         return teacher_source(p)
     return teacher_name(p)
 
@@ -174,7 +174,7 @@ def run_finetune_teacher(p: Params, task: str) -> dict[str, Any]:
     out = paths.teacher(task)
     finetune(kind.load_teacher(source), TrainRun(out, data["train"], data["dev"], tokenizer=tokenizer,
                                                  compute_metrics=compute, main_score=main,
-                                                 args=train_options(p.finetune, p.seed, **kind.train_args)))
+                                                 args=train_options(p.teacher_finetune, p.seed, **kind.train_args)))
     final = finish(out)
     return {"curve": final / "train_log.csv", "metrics_file": final / "metrics.json"}
 
@@ -216,13 +216,13 @@ def trivial_baseline(task: str) -> dict[str, float]:
 
 
 def beats_trivial(p: Params, score: float, trivial: float) -> bool:
-    """The gate's rule: a teacher's main dev score beats the trivial baseline's by `finetune.min_gain_over_trivial`."""
-    return score >= trivial + p.finetune.min_gain_over_trivial
+    """The gate's rule: a teacher's main dev score beats the trivial baseline's by `teacher_finetune.min_gain_over_trivial`."""
+    return score >= trivial + p.teacher_finetune.min_gain_over_trivial
 
 
 def gate_failure(p: Params, task: str) -> TeacherGateError | None:
     """None when the fine-tuned teacher's main dev score beats the trivial baseline by
-    `finetune.min_gain_over_trivial`, else the TeacherGateError saying so (one line: scores, baseline, what to
+    `teacher_finetune.min_gain_over_trivial`, else the TeacherGateError saying so (one line: scores, baseline, what to
     change; its `reason` the short form a skipped stage prints)."""
     import json
 
@@ -235,12 +235,12 @@ def gate_failure(p: Params, task: str) -> TeacherGateError | None:
     trivial = trivial_baseline(task)["main"]
     if beats_trivial(p, score, trivial):
         return None
-    gain = p.finetune.min_gain_over_trivial
+    gain = p.teacher_finetune.min_gain_over_trivial
     return TeacherGateError(
         f"{task}: the fine-tuned teacher scores {score:.4f} on dev, the trivial baseline {trivial:.4f} "
         f"(needed: +{gain}); it has not learned the task, so nothing is distilled for it. "
-        f"Train it longer or on more data (finetune.epochs / lr, data.max_train_examples), or lower "
-        f"finetune.min_gain_over_trivial ({metrics_file})",
+        f"Train it longer or on more data (teacher_finetune.epochs / learning_rate, data.max_train_examples), or lower "
+        f"teacher_finetune.min_gain_over_trivial ({metrics_file})",
         f"the {task} teacher failed the gate (dev {score:.4f}, trivial baseline {trivial:.4f}, needed +{gain})")
 
 
@@ -287,7 +287,7 @@ FINETUNE_TEACHER = Stage(
                                               else _finetune_source_deps(p)),
     outs=lambda p, t: [paths.teacher(t) / "model"],
     params=lambda p, t: {"seed": p.seed, **encoding(p, t),
-                         "finetune": p.finetune.model_dump(mode="json", exclude={"min_gain_over_trivial",
+                         "teacher_finetune": p.teacher_finetune.model_dump(mode="json", exclude={"min_gain_over_trivial",
                                                                                   "stop_on_failed_gate"}),
                          "teacher": p.teacher.model_dump(mode="json"), **distributed_params(p)},
     code=("distillery/training", "distillery/models.py", "distillery/glue", "distillery/squad",

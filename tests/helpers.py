@@ -104,8 +104,8 @@ MICRO = {
     "corpus": {"source": "demo", "demo_documents": 80},
     "teacher": {"init": "scratch", "shape": {"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64},
                 "vocab_size": 300},
-    "pretrain": {"epochs": 1, "lr": 1e-3, "batch_size": 32, "max_length": 32},
-    "finetune": {"epochs": 5, "lr": 3e-3, "batch_size": 32, "warmup_ratio": 0.1},  # passes the gate: 0.85 vs 0.5
+    "pretrain": {"epochs": 1, "learning_rate": 1e-3, "batch_size": 32, "max_length": 32},
+    "teacher_finetune": {"epochs": 5, "learning_rate": 3e-3, "batch_size": 32, "warmup_ratio": 0.1},  # passes the gate: 0.85 vs 0.5
     "word_vectors": {"source": "corpus", "dim": 8},
     "augment": {"n_aug": 2, "max_examples": 40},
     "students": {  # one student per recipe
@@ -117,10 +117,10 @@ MICRO = {
                                                                "heads": 2, "intermediate": 16, "intra": 8,
                                                                "embedding": 32}},
     },
-    "general_distillation": {"epochs": 1, "lr": 1e-3, "batch_size": 32, "max_length": 32},
-    "task_distillation": {"intermediate": {"epochs": 1, "lr": 1e-3, "batch_size": 32},
-                          "prediction": {"lrs": [1e-3], "batch_sizes": [32], "epochs": 1},
-                          "finetune": {"lrs": [1e-3], "batch_sizes": [32], "epochs": 1}},
+    "general_distillation": {"epochs": 1, "learning_rate": 1e-3, "batch_size": 32, "max_length": 32},
+    "task_distillation": {"intermediate": {"epochs": 1, "learning_rate": 1e-3, "batch_size": 32},
+                          "prediction": {"learning_rates": [1e-3], "batch_sizes": [32], "epochs": 1},
+                          "finetune": {"learning_rates": [1e-3], "batch_sizes": [32], "epochs": 1}},
     "evaluation": {"latency_batch_sizes": [1], "latency_seq_len": 16},
 }
 
@@ -131,7 +131,7 @@ MICRO = {
 ONE_STUDENT = {
     **MICRO,
     "data": {**MICRO["data"], "demo_train": 200, "demo_dev": 60},
-    "finetune": {"epochs": 2, "lr": 3e-3, "batch_size": 32, "warmup_ratio": 0.1, "min_gain_over_trivial": 0.0},
+    "teacher_finetune": {"epochs": 2, "learning_rate": 3e-3, "batch_size": 32, "warmup_ratio": 0.1, "min_gain_over_trivial": 0.0},
     "students": {"micro": MICRO["students"]["micro"]},
     "evaluation": {**MICRO["evaluation"], "baselines": False, "latency": False, "export_onnx": False},
 }
@@ -141,12 +141,12 @@ ONE_STUDENT = {
 RESUME = {
     **ONE_STUDENT,
     "data": {**ONE_STUDENT["data"], "demo_train": 300, "demo_dev": 60},
-    "finetune": {"epochs": 6, "lr": 5e-3, "batch_size": 32, "warmup_ratio": 0.1, "min_gain_over_trivial": 0.0,
+    "teacher_finetune": {"epochs": 6, "learning_rate": 5e-3, "batch_size": 32, "warmup_ratio": 0.1, "min_gain_over_trivial": 0.0,
                  "checkpoint_steps": 5},
     "augment": {"n_aug": 2, "max_examples": 60, "shard_size": 4},
     "general_distillation": {**MICRO["general_distillation"], "epochs": 2, "checkpoint_steps": 4},
-    "task_distillation": {"intermediate": {"epochs": 1, "lr": 1e-3, "batch_size": 32},
-                          "prediction": {"lrs": [1e-3, 2e-3], "batch_sizes": [32], "epochs": 2,
+    "task_distillation": {"intermediate": {"epochs": 1, "learning_rate": 1e-3, "batch_size": 32},
+                          "prediction": {"learning_rates": [1e-3, 2e-3], "batch_sizes": [32], "epochs": 2,
                                          "checkpoint_steps": 4}},
     "evaluation": {"baselines": False, "latency": False, "export_onnx": False},
     "registry": {"enabled": False},

@@ -160,11 +160,11 @@ def test_students_are_of_the_teachers_type_and_capture_reads_them(teachers, kind
 def _project(tmp: Path, teacher: Path, students: dict) -> Path:
     p = copy.deepcopy(MICRO)
     p.update(teacher={"init": "pretrained", "name_or_path": str(teacher)}, students=students,
-             pretrain={"epochs": 1, "lr": 1e-3, "batch_size": 32, "max_length": 32},
-             finetune={"epochs": 8, "lr": 1e-3, "batch_size": 16, "warmup_ratio": 0.1})
+             pretrain={"epochs": 1, "learning_rate": 1e-3, "batch_size": 32, "max_length": 32},
+             teacher_finetune={"epochs": 8, "learning_rate": 1e-3, "batch_size": 16, "warmup_ratio": 0.1})
     p["evaluation"] = {**p["evaluation"], "latency": False}
     # PKD starts from the pre-trained teacher's layers (one epoch of MLM here): it needs the teacher's fine-tuning
-    p["task_distillation"] = {**p["task_distillation"], "finetune": {"lrs": [1e-3], "batch_sizes": [16], "epochs": 8}}
+    p["task_distillation"] = {**p["task_distillation"], "finetune": {"learning_rates": [1e-3], "batch_sizes": [16], "epochs": 8}}
     return make_project(tmp, p, dvc_yaml=False)
 
 

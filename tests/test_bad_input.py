@@ -272,7 +272,7 @@ CASES = {
                            "students.tinybert-demo.objectives: unknown key 'atention_loss'"),
     "negative-objective": (lambda d, t: _student(d, objectives={"attention_loss": -1.0, "hidden_loss": 1.0}),
                            "students.tinybert-demo.objectives: weight of 'attention_loss' must be finite and >= 0"),
-    "infinite-lr": (lambda d, t: d["finetune"].update(lr=float("inf")), "finetune.lr: Input should be a finite number"),
+    "infinite-lr": (lambda d, t: d["teacher_finetune"].update(learning_rate=float("inf")), "teacher_finetune.learning_rate: Input should be a finite number"),
     "no-latency-batch": (lambda d, t: d["evaluation"].update(latency_batch_sizes=[]),
                          "evaluation.latency_batch_sizes: give at least one batch size"),
     "mlm-teacher-without-pretrain": (lambda d, t: (d["pretrain"].update(enabled=False), d["students"].pop("distilbert-demo")),

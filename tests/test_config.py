@@ -24,15 +24,36 @@ def test_the_squad_recipes_run_shares_the_squad_presets_teacher():
     """The extra run's rows sit beside the preset's TinyBERT rows: same data, teacher and teacher schedule (and so, in
     one clone, the same cached teacher)."""
     squad, extra = (yaml.safe_load((ROOT / "params" / f"{n}.yaml").read_text()) for n in ("squad", "squad-recipes"))
-    for section in ("seed", "data", "teacher", "finetune", "augment", "evaluation"):
+    for section in ("seed", "data", "teacher", "teacher_finetune", "augment", "evaluation"):
         assert extra[section] == squad[section], section
     assert {r["recipe"] for r in extra["students"].values()} == {"minilm", "distilbert", "mobilebert"}
 
 
 def test_unknown_key_is_named():
     data = demo()
-    data["finetune"]["learning_rate"] = 1e-4
-    with pytest.raises(ConfigError, match=r"params.yaml: finetune.learning_rate: unknown key"):
+    data["teacher_finetune"]["rate"] = 1e-4
+    with pytest.raises(ConfigError, match=r"params.yaml: teacher_finetune.rate: unknown key$"):
+        parse_params(data)
+
+
+def test_a_renamed_key_says_its_new_name():
+    """An older params file (`finetune:`, `lr`, `lrs`) gets the key's new name; `finetune` means the teacher's section
+    only where a section stood (top level, per task), never inside a student."""
+    data = demo()
+    data["finetune"] = data.pop("teacher_finetune")
+    data["general_distillation"]["lr"] = data["general_distillation"].pop("learning_rate")
+    data["task_distillation"]["prediction"]["lrs"] = data["task_distillation"]["prediction"].pop("learning_rates")
+    data["per_task"] = {"demo": {"finetune": {"epochs": 1}}}
+    with pytest.raises(ConfigError) as err:
+        parse_params(data)
+    assert set(str(err.value).splitlines()) == {
+        "params.yaml: finetune: unknown key (now `teacher_finetune`)",
+        "params.yaml: general_distillation.lr: unknown key (now `learning_rate`)",
+        "params.yaml: task_distillation.prediction.lrs: unknown key (now `learning_rates`)",
+        "params.yaml: per_task.demo.finetune: unknown key (now `teacher_finetune`)"}
+    data = demo()
+    data["students"]["tinybert-demo"]["finetune"] = {}
+    with pytest.raises(ConfigError, match=r"students.tinybert-demo.finetune: unknown key$"):
         parse_params(data)
 
 
@@ -45,13 +66,13 @@ def test_unknown_section_is_named():
 
 def test_wrong_type_is_named():
     data = demo()
-    data["finetune"]["batch_size"] = "big"
-    with pytest.raises(ConfigError, match=r"finetune.batch_size"):
+    data["teacher_finetune"]["batch_size"] = "big"
+    with pytest.raises(ConfigError, match=r"teacher_finetune.batch_size"):
         parse_params(data)
 
 
 @pytest.mark.parametrize("section,key,value,match", [
-    ("finetune", "lr", -1.0, "finetune.lr"),
+    ("teacher_finetune", "learning_rate", -1.0, "teacher_finetune.learning_rate"),
     ("augment", "p_t", 1.5, "augment.p_t"),
     ("data", "max_length", 4096, "data.max_length"),
 ])
@@ -64,8 +85,8 @@ def test_impossible_values_are_named(section, key, value, match):
 
 def test_impossible_grid_is_named():
     data = demo()
-    data["task_distillation"]["prediction"]["lrs"] = [1e-5, 0.0]
-    with pytest.raises(ConfigError, match=r"task_distillation.prediction.lrs: .*every learning rate"):
+    data["task_distillation"]["prediction"]["learning_rates"] = [1e-5, 0.0]
+    with pytest.raises(ConfigError, match=r"task_distillation.prediction.learning_rates: .*every learning rate"):
         parse_params(data)
 
 

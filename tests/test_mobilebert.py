@@ -188,8 +188,8 @@ def test_copied_embedding_and_classifier_equal_the_teachers(ib_teacher, preset):
 LAYER_WISE = {"feature_map_loss": 1.0, "attention_transfer_loss": 1.0}
 
 
-def _spec(objectives, stage="intermediate", layers=(1, 2, 3), alpha=0.5):
-    return DistillSpec(objectives, stage, layer_wise_map(layers), LossOptions(mlm_alpha=alpha))
+def _spec(objectives, level="intermediate", layers=(1, 2, 3), alpha=0.5):
+    return DistillSpec(objectives, level, layer_wise_map(layers), LossOptions(mlm_alpha=alpha))
 
 
 def test_layer_wise_losses_compare_without_projection(ib_teacher):

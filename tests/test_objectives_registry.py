@@ -1,4 +1,4 @@
-"""The loss-term registry: every objective registered once next to its equation, valid stages, capture of only what
+"""The loss-term registry: every objective registered once next to its equation, valid levels, capture of only what
 the active terms read, unknown names refused, and a new term (a function + one registration) trained end to end by
 `distill` without touching the training code."""
 
@@ -18,10 +18,10 @@ from distillery.objectives import (
     ObjectiveWeights,
     capture_specs,
     register_term,
-    stage_terms,
+    level_terms,
     unregister_term,
 )
-from distillery.objectives.registry import STAGES
+from distillery.objectives.registry import LEVELS
 from distillery.training.distill import Distiller, distill
 from distillery.training.log import read_log
 from distillery.training.spec import DistillSpec, TrainRun
@@ -30,7 +30,7 @@ from helpers import FAST, bert_config, classifier, encoded, tokenizer  # noqa: F
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models on one intra-op thread (tests/conftest.py)
 
-#: name -> (paper module, stages)
+#: name -> (paper module, levels)
 EXPECTED = {
     "attention_loss": ("tinybert", {"intermediate"}),
     "hidden_loss": ("tinybert", {"intermediate"}),
@@ -59,23 +59,23 @@ def test_every_term_is_registered_once_next_to_its_equation():
         module = importlib.import_module(term.compute.__module__)
         assert module.__name__.startswith("distillery.objectives.") and term.name == name and term.paper
         assert callable(getattr(module, name)) and getattr(module, name).__module__ == module.__name__  # its equation
-    for name, (module, stages) in EXPECTED.items():
+    for name, (module, levels) in EXPECTED.items():
         term = TERMS[name]
         assert term.compute.__module__ == f"distillery.objectives.{module}"
         assert getattr(objectives, name).__module__ == f"distillery.objectives.{module}"  # exported
-        assert set(term.stages) == stages
+        assert set(term.levels) == levels
     with pytest.raises(ValueError, match="registered twice"):
-        register_term("attention_loss", stages=("intermediate",))(lambda batch: torch.zeros(()))
+        register_term("attention_loss", levels=("intermediate",))(lambda batch: torch.zeros(()))
 
 
-def test_stages_and_features_are_valid():
+def test_levels_and_features_are_valid():
     for term in TERMS.values():
-        assert term.stages and set(term.stages) <= set(STAGES), term.name
+        assert term.levels and set(term.levels) <= set(LEVELS), term.name
     # layer-wise terms read mapped layers, logit terms the teacher's logits
-    for name in stage_terms("intermediate"):
+    for name in level_terms("intermediate"):
         assert TERMS[name].features, name
     four = {n: TERMS[n] for n in EXPECTED}  # the four papers'
-    assert {n for n, t in four.items() if t.features} == set(stage_terms("intermediate")) | {"cosine_loss"}
+    assert {n for n, t in four.items() if t.features} == set(level_terms("intermediate")) | {"cosine_loss"}
     options = LossOptions()
     student = classifier(40, 1)
     assert {n for n, t in four.items() if t.reads_teacher_logits(options, student)} == {
@@ -83,10 +83,10 @@ def test_stages_and_features_are_valid():
     assert {n for n, t in four.items() if t.projection} == {"hidden_loss", "embedding_loss"}
     assert {n for n, t in four.items() if t.head_wise} == {
         "attention_loss", "attention_kl", "value_relation_kl", "attention_transfer_loss"}
-    with pytest.raises(ValueError, match="stages"):
-        register_term("toy", stages=("both",))
+    with pytest.raises(ValueError, match="levels"):
+        register_term("toy", levels=("both",))
     with pytest.raises(ValueError, match="feature"):
-        register_term("toy", stages=("intermediate",), features=(("attentions", "attention"),))
+        register_term("toy", levels=("intermediate",), features=(("attentions", "attention"),))
     assert "toy" not in TERMS
 
 
@@ -160,7 +160,7 @@ def test_the_teacher_runs_only_when_a_term_needs_it():
 def toy_term():
     """MAE between mapped hidden states: a loss the training code has never heard of, registered for one test."""
 
-    @register_term("toy_hidden_mae", stages=("intermediate",), features=(("hidden", "states"),), paper="a test")
+    @register_term("toy_hidden_mae", levels=("intermediate",), features=(("hidden", "states"),), paper="a test")
     def compute(batch: Batch) -> torch.Tensor:
         s, t = batch.select("hidden", "states")
         return sum((a - b.detach()).abs().mean() for a, b in zip(s, t))

@@ -19,19 +19,19 @@ def two_tasks(per_task: dict | None = None) -> dict:
     return data
 
 
-SST2 = {"sst2": {"finetune": {"epochs": 1}, "task_distillation": {"student_dropout": 0.1, "prediction": {"epochs": 1}}}}
+SST2 = {"sst2": {"teacher_finetune": {"epochs": 1}, "task_distillation": {"student_dropout": 0.1, "prediction": {"epochs": 1}}}}
 
 
 def test_a_tasks_settings_merge_over_the_runs_key_by_key():
     p = parse_params(two_tasks(SST2))
     sst2, cola = p.for_task("sst2"), p.for_task("cola")
-    assert sst2.finetune.epochs == 1 and sst2.finetune.lr == p.finetune.lr  # the rest of the section is the run's
+    assert sst2.teacher_finetune.epochs == 1 and sst2.teacher_finetune.learning_rate == p.teacher_finetune.learning_rate  # the rest of the section is the run's
     assert sst2.task_distillation.student_dropout == 0.1
     assert sst2.task_distillation.prediction.epochs == 1
-    assert sst2.task_distillation.prediction.lrs == p.task_distillation.prediction.lrs  # merged one level down too
+    assert sst2.task_distillation.prediction.learning_rates == p.task_distillation.prediction.learning_rates  # merged one level down too
     assert sst2.task_distillation.intermediate == p.task_distillation.intermediate
     assert sst2.per_task == {} and sst2.for_task("sst2") is sst2  # applied once
-    assert cola is p and p.finetune.epochs != 1 and p.task_distillation.student_dropout is None
+    assert cola is p and p.teacher_finetune.epochs != 1 and p.task_distillation.student_dropout is None
     assert p.for_task(None) is p
 
 
@@ -43,7 +43,7 @@ def test_stages_of_a_task_see_its_settings_and_no_other_stage_does():
     baseline, finetune = STAGES["baseline"], STAGES["finetune_teacher"]
     assert baseline.params(p, "tinybert-demo:sst2")["student_dropout"] == 0.1
     assert baseline.params(p, "tinybert-demo:cola")["student_dropout"] is None
-    assert finetune.params(p, "sst2")["finetune"]["epochs"] == 1
+    assert finetune.params(p, "sst2")["teacher_finetune"]["epochs"] == 1
     # the cache keys: only the overridden task's stages change
     assert stage_key(finetune, p, "sst2") != stage_key(finetune, plain, "sst2")
     assert stage_key(finetune, p, "cola") == stage_key(finetune, plain, "cola")
@@ -85,7 +85,7 @@ def test_dvc_stages_track_their_tasks_keys_only():
     assert "per_task.sst2.task_distillation.student_dropout" in keys("baseline", "tinybert-demo:sst2")
     assert "per_task.sst2.task_distillation" not in keys("baseline", "tinybert-demo:sst2")  # not its grid
     assert "per_task.sst2.task_distillation" in keys("task_distillation", "tinybert-demo:sst2")
-    assert "per_task.sst2.finetune" in keys("finetune_teacher", "sst2")
+    assert "per_task.sst2.teacher_finetune" in keys("finetune_teacher", "sst2")
     assert not any(k.startswith("per_task") for k in keys("baseline", "tinybert-demo:cola")
                    + keys("finetune_teacher", "cola") + keys("augment", "sst2") + keys("report", None))
 
@@ -116,14 +116,14 @@ def test_a_task_encodes_and_times_at_its_own_length():
 @pytest.mark.parametrize("per_task,match", [
     ({"sst2": {"data": {"source": "hub"}}}, r"params.yaml: per_task.sst2.data: .*'source'.* cannot differ per task"),
     ({"sst2": {"evaluation": {"latency": False}}}, r"per_task.sst2.evaluation: .*cannot differ per task"),
-    ({"qnli": {"finetune": {"epochs": 1}}}, r"params.yaml: per_task: 'qnli' is not in data.tasks \(sst2, cola\)"),
-    ({"sst2": {"finetune": {"epochs": 0}}}, r"params.yaml: per_task.sst2.finetune.epochs: .*greater than 0"),
-    ({"sst2": {"finetune": {"epoch": 1}}}, r"params.yaml: per_task.sst2.finetune.epoch: unknown key"),
+    ({"qnli": {"teacher_finetune": {"epochs": 1}}}, r"params.yaml: per_task: 'qnli' is not in data.tasks \(sst2, cola\)"),
+    ({"sst2": {"teacher_finetune": {"epochs": 0}}}, r"params.yaml: per_task.sst2.teacher_finetune.epochs: .*greater than 0"),
+    ({"sst2": {"teacher_finetune": {"epoch": 1}}}, r"params.yaml: per_task.sst2.teacher_finetune.epoch: unknown key"),
     ({"sst2": {"pretrain": {"epochs": 1}}}, r"params.yaml: per_task.sst2.pretrain: unknown key"),
     ({"sst2": {"task_distillation": {"student_dropout": 1.5}}},
      r"params.yaml: per_task.sst2.task_distillation.student_dropout: .*less than 1"),
-    ({"sst2": {"task_distillation": {"prediction": {"lrs": [0.0]}}}},
-     r"params.yaml: per_task.sst2.task_distillation.prediction.lrs: .*every learning rate"),
+    ({"sst2": {"task_distillation": {"prediction": {"learning_rates": [0.0]}}}},
+     r"params.yaml: per_task.sst2.task_distillation.prediction.learning_rates: .*every learning rate"),
 ])
 def test_bad_per_task_settings_name_the_key(per_task, match):
     with pytest.raises(ConfigError, match=match):

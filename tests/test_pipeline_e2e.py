@@ -198,7 +198,7 @@ def test_a_failed_teacher_gate_skips_only_its_task(tmp_path):
     """Two tasks, one teacher that learns nothing (sst2: one step at lr 1e-9): the other task is distilled, evaluated,
     registered and reported; sst2's augmentation, task distillation and registration are skipped (skip records as
     their outputs, which DVC accepts), the report and summary say why in one line, its submission files hold the
-    trivial baseline's predictions, and the run exits 0; with `finetune.stop_on_failed_gate` it ends with that line as
+    trivial baseline's predictions, and the run exits 0; with `teacher_finetune.stop_on_failed_gate` it ends with that line as
     its `error:` and exit code 2, the flow and the report stage DVC runs alike."""
     from distillery.demo import make_demo_task
 
@@ -206,7 +206,7 @@ def test_a_failed_teacher_gate_skips_only_its_task(tmp_path):
     for name, dirname in (("demo", "demo"), ("sst2", "SST-2")):  # the same generated task, in the GLUE layout
         make_demo_task(project / "glue" / dirname, n_train=600, n_dev=100, n_test=40, seed=7)
     params = {**MICRO, "data": {"source": "local", "glue_dir": "glue", "tasks": ["demo", "sst2"], "max_length": 24},
-              "per_task": {"sst2": {"finetune": {"lr": 1e-9, "max_steps": 1, "min_gain_over_trivial": 0.3}}},
+              "per_task": {"sst2": {"teacher_finetune": {"learning_rate": 1e-9, "max_steps": 1, "min_gain_over_trivial": 0.3}}},
               "students": {"micro": MICRO["students"]["micro"]},
               "evaluation": {**MICRO["evaluation"], "latency": False}}  # timings are the e2e project's to check
     make_project(project, params)
@@ -247,7 +247,7 @@ def test_a_failed_teacher_gate_skips_only_its_task(tmp_path):
     again = run([sys.executable, "-m", "flows.stage", "task_distillation", "--item", "micro:sst2"], project).stdout
     assert stage_lines(again)[-1].startswith("task_distillation[micro:sst2]: skipped: the sst2 teacher failed the gate")
 
-    params["finetune"] = {**params["finetune"], "stop_on_failed_gate": True}  # no stage's key reads it
+    params["teacher_finetune"] = {**params["teacher_finetune"], "stop_on_failed_gate": True}  # no stage's key reads it
     (project / "params.yaml").write_text(yaml.safe_dump(params))
     run([sys.executable, "-m", "flows.dvc"], project)
     for cmd in ([sys.executable, "-m", "flows.pipeline"], [sys.executable, "-m", "flows.stage", "report"]):

@@ -71,8 +71,8 @@ def test_hard_label_loss_is_the_gold_cross_entropy():
 
 
 def test_terms_are_registered_with_what_they_read():
-    assert TERMS["patient_loss"].features == (("hidden", "states"),) and "prediction" in TERMS["patient_loss"].stages
-    assert TERMS["hard_label_loss"].features == () and "prediction" in TERMS["hard_label_loss"].stages
+    assert TERMS["patient_loss"].features == (("hidden", "states"),) and "prediction" in TERMS["patient_loss"].levels
+    assert TERMS["hard_label_loss"].features == () and "prediction" in TERMS["hard_label_loss"].levels
 
 
 def test_skip_and_last_layer_maps():

@@ -128,7 +128,7 @@ def _models(term: str):
     t_cfg = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, intermediate_size=128, **kw)
     s_cfg = transformers.BertConfig(hidden_size=64,  # equal widths: MobileBERT, PKD and DistilBERT compare states as they are
                                     num_hidden_layers=1, intermediate_size=64, **kw)
-    if "pretraining" in TERMS[term].stages and TERMS[term].stages != ("intermediate", "pretraining"):
+    if "pretraining" in TERMS[term].levels and TERMS[term].levels != ("intermediate", "pretraining"):
         make = transformers.BertForPreTraining
     else:
         make = transformers.BertForSequenceClassification
@@ -142,12 +142,12 @@ def _batch(term: str) -> dict[str, torch.Tensor]:
     mask = torch.ones_like(ids)
     mask[1, 8:] = mask[4, 5:] = 0
     out = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
-    if "pretraining" in TERMS[term].stages and TERMS[term].stages != ("intermediate", "pretraining"):
+    if "pretraining" in TERMS[term].levels and TERMS[term].levels != ("intermediate", "pretraining"):
         labels = torch.full_like(ids, -100)
         labels[:, 2] = ids[:, 2]
         labels[:, 6] = ids[:, 6]
         out.update(labels=labels, next_sentence_label=torch.tensor([0, 1, 0, 1, 1, 0]))
-    elif TERMS[term].stages == ("prediction",):
+    elif TERMS[term].levels == ("prediction",):
         out["labels"] = (torch.rand(6, generator=g) * 5 if term == "regression_prediction_loss"
                          else torch.tensor([0, 1, 2, 0, 1, 2]))
     return out
@@ -159,9 +159,9 @@ def test_every_objective_under_bf16_autocast_is_within_tolerance_of_fp32(term):
     """The same student, teacher and batch: the term in bf16 autocast (features and logits from bf16 matmuls, the
     objective itself in fp32) within LOSS_RTOL of the fp32 run, and the gradients point the same way."""
     teacher, student = _models(term)
-    stage = TERMS[term].stages[0]
+    level = TERMS[term].levels[0]
     layer_map = build_layer_map("uniform", 1, 2)
-    spec = DistillSpec({term: 1.0}, stage, layer_map, options=LossOptions(n_relation_heads=4, temperature=2.0))
+    spec = DistillSpec({term: 1.0}, level, layer_map, options=LossOptions(n_relation_heads=4, temperature=2.0))
     projection = make_projection(student, teacher, layer_map) if TERMS[term].projection else None
     distiller = Distiller(student, teacher, spec, projection)
     batch = _batch(term)

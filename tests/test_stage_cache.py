@@ -32,11 +32,11 @@ def test_key_depends_on_the_params_that_matter_only(tmp_path, params):
     dep = tmp_path / "in.txt"
     dep.write_text("data")
     s = Stage("finetune_x", run=lambda p, i: {}, deps=lambda p, i: [dep], outs=lambda p, i: [],
-              params=lambda p, i: {"finetune": p.finetune.model_dump()})
+              params=lambda p, i: {"teacher_finetune": p.teacher_finetune.model_dump()})
     base = stage_key(s, params, "demo")
     assert stage_key(s, params, "demo") == base
     assert stage_key(s, params, "other") != base
-    changed = params.model_copy(update={"finetune": params.finetune.model_copy(update={"lr": 1e-5})})
+    changed = params.model_copy(update={"teacher_finetune": params.teacher_finetune.model_copy(update={"learning_rate": 1e-5})})
     assert stage_key(s, changed, "demo") != base
     unrelated = params.model_copy(update={"augment": params.augment.model_copy(update={"k": 3})})
     assert stage_key(s, unrelated, "demo") == base
@@ -49,15 +49,15 @@ def test_fresh_only_when_outputs_exist_and_were_made_by_this_key(tmp_path, param
     out = tmp_path / "out.txt"
 
     def body(p, i):
-        out.write_text(str(p.finetune.lr))
+        out.write_text(str(p.teacher_finetune.learning_rate))
         return {}
 
     s = Stage("toy", run=body, deps=lambda p, i: [], outs=lambda p, i: [out],
-              params=lambda p, i: {"lr": p.finetune.lr})
+              params=lambda p, i: {"learning_rate": p.teacher_finetune.learning_rate})
     assert not is_fresh(s, params, None)
     run_stage(s, params, None)
     assert is_fresh(s, params, None)
-    other = params.model_copy(update={"finetune": params.finetune.model_copy(update={"lr": 1e-5})})
+    other = params.model_copy(update={"teacher_finetune": params.teacher_finetune.model_copy(update={"learning_rate": 1e-5})})
     assert not is_fresh(s, other, None)  # output was written under the other params
     run_stage(s, other, None)
     assert not is_fresh(s, params, None) and is_fresh(s, other, None)
@@ -89,13 +89,13 @@ def _toy(tmp_path, monkeypatch, body=None):
     calls = []
 
     def default(p, i):
-        calls.append(p.finetune.lr)
+        calls.append(p.teacher_finetune.learning_rate)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "weights.txt").write_text(str(p.finetune.lr))
+        (out / "weights.txt").write_text(str(p.teacher_finetune.learning_rate))
         return {}
 
     s = Stage("toy", run=body or default, deps=lambda p, i: [], outs=lambda p, i: [out],
-              params=lambda p, i: {"lr": p.finetune.lr})
+              params=lambda p, i: {"learning_rate": p.teacher_finetune.learning_rate})
     return s, out, calls
 
 
@@ -140,7 +140,7 @@ def test_a_killed_run_leaves_nothing_that_misleads_the_next(tmp_path, params, mo
     finished.mkdir(parents=True)
     kept = execute_mod.prepare(s, params, None)  # same params, code and inputs: resume
     assert ckpt.is_dir() and finished.is_dir() and set(kept) == {out.parent / "checkpoints", out.parent / "grid"}
-    other = params.model_copy(update={"finetune": params.finetune.model_copy(update={"lr": 1e-5})})
+    other = params.model_copy(update={"teacher_finetune": params.teacher_finetune.model_copy(update={"learning_rate": 1e-5})})
     assert execute_mod.prepare(s, other, None) == []  # changed learning rate: nothing old may be resumed
     assert not ckpt.exists() and not finished.exists()
     from tasks.stage import skipped, write_skipped
@@ -165,15 +165,15 @@ def test_a_failed_run_leaves_the_earlier_good_run_fresh(tmp_path, params, monkey
     out = tmp_path / "out.txt"
 
     def body(p, i):
-        if p.finetune.lr < 1e-4:
+        if p.teacher_finetune.learning_rate < 1e-4:
             raise RuntimeError("bad input")
-        out.write_text(str(p.finetune.lr))
+        out.write_text(str(p.teacher_finetune.learning_rate))
         return {}
 
     s = Stage("toy", run=body, deps=lambda p, i: [], outs=lambda p, i: [out],
-              params=lambda p, i: {"lr": p.finetune.lr})
+              params=lambda p, i: {"learning_rate": p.teacher_finetune.learning_rate})
     run_stage(s, params, None)
-    failing = params.model_copy(update={"finetune": params.finetune.model_copy(update={"lr": 1e-5})})
+    failing = params.model_copy(update={"teacher_finetune": params.teacher_finetune.model_copy(update={"learning_rate": 1e-5})})
     with pytest.raises(RuntimeError):
         run_stage(s, failing, None)
     assert is_fresh(s, params, None) and not is_fresh(s, failing, None)

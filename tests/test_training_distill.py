@@ -199,13 +199,13 @@ def test_configuration_errors_before_training(task, tmp_path):
     run = TrainRun(tmp_path, task["train"], args=FAST)
     with pytest.raises(LayerMapError):
         distill(task["teacher"], classifier(task["tok"].vocab_size, 2, heads=4), intermediate(lm), run)
-    with pytest.raises(ObjectiveConfigError, match="'prediction' distillation stage"):
+    with pytest.raises(ObjectiveConfigError, match="at the 'prediction' level"):
         DistillSpec({"attention_loss": 1.0}, "prediction")
     with pytest.raises(ObjectiveConfigError, match="cosine_loss"):
         DistillSpec({"cosine_loss": 1.0}, "intermediate", lm)
     with pytest.raises(ObjectiveConfigError, match="no objective has a weight > 0"):
         DistillSpec({"attention_loss": 0.0}, "intermediate", lm)
-    with pytest.raises(ValueError, match="stage must be one of"):
+    with pytest.raises(ValueError, match="level must be one of"):
         DistillSpec(TINYBERT, "both", lm)
     with pytest.raises(ValueError, match="needs a teacher"):
         distill(None, student(task["tok"].vocab_size), intermediate(lm), run)

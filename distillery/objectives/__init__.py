@@ -29,7 +29,7 @@ from .registry import (
     capture_specs,
     group_pairs,
     register_term,
-    stage_terms,
+    level_terms,
     unregister_term,
 )
 from .weights import ObjectiveWeights
@@ -48,7 +48,7 @@ __all__ = [
     "capture_specs",
     "group_pairs",
     "register_term",
-    "stage_terms",
+    "level_terms",
     "unregister_term",
     "attention_kl",
     "attention_loss",

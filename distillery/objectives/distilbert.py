@@ -46,7 +46,7 @@ def soft_target_loss(
     return kl * temperature**2
 
 
-@register_term("soft_target_loss", stages=("pretraining",), teacher_logits=True, paper="DistilBERT L_ce")
+@register_term("soft_target_loss", levels=("pretraining",), teacher_logits=True, paper="DistilBERT L_ce")
 def _soft_target_term(batch: Batch) -> Tensor:
     return soft_target_loss(batch.student_logits, batch.teacher_logits, batch.attention_mask, batch.options.temperature)
 
@@ -63,7 +63,7 @@ def mlm_loss(logits: Tensor, labels: Tensor) -> Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
 
 
-@register_term("mlm_loss", stages=("pretraining",), paper="DistilBERT L_mlm")
+@register_term("mlm_loss", levels=("pretraining",), paper="DistilBERT L_mlm")
 def _mlm_term(batch: Batch) -> Tensor:
     if batch.labels is None:
         raise ValueError("mlm_loss needs masked-LM labels (a masking collator)")
@@ -88,7 +88,7 @@ def cosine_loss(s_hidden: Tensor, t_hidden: Tensor, attention_mask: Tensor | Non
     return F.cosine_embedding_loss(s, t, target, reduction="mean")
 
 
-@register_term("cosine_loss", stages=("pretraining",), features=(("hidden", "states"),), paper="DistilBERT L_cos")
+@register_term("cosine_loss", levels=("pretraining",), features=(("hidden", "states"),), paper="DistilBERT L_cos")
 def _cosine_term(batch: Batch) -> Tensor:
     """L_cos on the hidden-state pairs of the layer map after the embedding (DistilBERT: the last layers,
     ``LayerMap(hidden=((n_student, n_teacher),))``), summed over pairs."""

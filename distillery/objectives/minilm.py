@@ -50,7 +50,7 @@ def attention_kl(student_probs: TensorOrList, teacher_probs: TensorOrList, atten
     return total
 
 
-@register_term("attention_kl", stages=("intermediate",), features=(("probs", "attention"),), head_wise=True,
+@register_term("attention_kl", levels=("intermediate",), features=(("probs", "attention"),), head_wise=True,
           paper="MiniLM eq. 6")
 def _attention_kl_term(batch: Batch) -> Tensor:
     return attention_kl(*batch.select("probs", "attention"), batch.attention_mask)
@@ -85,7 +85,7 @@ def value_relation_kl(student_values: TensorOrList, teacher_values: TensorOrList
     return total
 
 
-@register_term("value_relation_kl", stages=("intermediate",), features=(("values", "attention"),), head_wise=True,
+@register_term("value_relation_kl", levels=("intermediate",), features=(("values", "attention"),), head_wise=True,
           paper="MiniLM eqs. 7-9")
 def _value_relation_term(batch: Batch) -> Tensor:
     return value_relation_kl(*batch.select("values", "attention"), batch.attention_mask)
@@ -129,7 +129,7 @@ def relation_kl(
     return total
 
 
-@register_term("relation_kl", stages=("intermediate",),
+@register_term("relation_kl", levels=("intermediate",),
           features=(("queries", "attention"), ("keys", "attention"), ("values", "attention")),
           paper="MiniLMv2 (Q-Q, K-K and V-V relations)")
 def _relation_term(batch: Batch) -> Tensor:

@@ -69,7 +69,7 @@ def feature_map_loss(
     return total
 
 
-@register_term("feature_map_loss", stages=("intermediate", "pretraining"), features=(("hidden", "states"),),
+@register_term("feature_map_loss", levels=("intermediate", "pretraining"), features=(("hidden", "states"),),
           paper="MobileBERT eq. 2")
 def _feature_map_term(batch: Batch) -> Tensor:
     return feature_map_loss(*batch.select("hidden", "states"), batch.attention_mask,
@@ -89,7 +89,7 @@ def attention_transfer_loss(s_probs: TensorOrList, t_probs: TensorOrList, attent
     return attention_kl(s_probs, t_probs, attention_mask)
 
 
-@register_term("attention_transfer_loss", stages=("intermediate", "pretraining"), features=(("probs", "attention"),),
+@register_term("attention_transfer_loss", levels=("intermediate", "pretraining"), features=(("probs", "attention"),),
           head_wise=True, paper="MobileBERT eq. 3")
 def _attention_transfer_term(batch: Batch) -> Tensor:
     return attention_transfer_loss(*batch.select("probs", "attention"), batch.attention_mask)
@@ -145,7 +145,7 @@ def pretraining_distillation_loss(
     return loss
 
 
-@register_term("pretraining_distillation_loss", stages=("pretraining",), teacher_logits=True, paper="MobileBERT eq. 4")
+@register_term("pretraining_distillation_loss", levels=("pretraining",), teacher_logits=True, paper="MobileBERT eq. 4")
 def _pretraining_distillation_term(batch: Batch) -> Tensor:
     """Eq. 4 on the MLM logits (alpha = ``options.mlm_alpha``), + NSP when the student has an NSP head and the batch
     NSP labels."""

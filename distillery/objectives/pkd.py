@@ -64,7 +64,7 @@ def hard_label_loss(logits: Tensor, labels: Tensor, mask: Tensor | None = None) 
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
-@register_term("patient_loss", stages=("prediction",), features=(("hidden", "states"),), paper="BERT-PKD eq. 4")
+@register_term("patient_loss", levels=("prediction",), features=(("hidden", "states"),), paper="BERT-PKD eq. 4")
 def _patient(b: Batch) -> Tensor:
     pairs = b.pairs("states")
     student = [h[:, 0] for h in b.student.select("hidden", [s for s, _ in pairs])]
@@ -72,7 +72,7 @@ def _patient(b: Batch) -> Tensor:
     return patient_loss(student, teacher, b.options.extra.get("patient_reduction", "paper"))
 
 
-@register_term("hard_label_loss", stages=("prediction",), paper="BERT-PKD eq. 2")
+@register_term("hard_label_loss", levels=("prediction",), paper="BERT-PKD eq. 2")
 def _hard_label(b: Batch) -> Tensor:
     if b.labels is None:
         raise ValueError("hard_label_loss needs the gold labels of the batch")

@@ -1,4 +1,4 @@
-"""Loss terms as a registry: each objective registers its name, the stages it belongs to, the features it needs
+"""Loss terms as a registry: each objective registers its name, the levels it belongs to, the features it needs
 captured on the mapped layers, and how it is computed from one batch (TextBrewer's declarative match list, as
 a registry): adding a loss is its function plus one ``@register_term(...)`` next to it.
 
@@ -19,15 +19,16 @@ from torch import Tensor
 
 Group = Literal["attention", "states", "embedding", "hidden"]
 Feature = tuple[str, Group]
-#: The training stages a term can belong to (see ``distillery.training.spec.Stage``).
-STAGES = ("intermediate", "prediction", "pretraining")
+#: The levels a term can read (see ``distillery.training.spec.Level``): intermediate layers, the prediction layer,
+#: the pre-training (MLM/NSP) heads.
+LEVELS = ("intermediate", "prediction", "pretraining")
 #: What ``distillery.capture`` records.
 KINDS = ("hidden", "scores", "probs", "queries", "keys", "values")
 GROUPS = ("attention", "states", "embedding", "hidden")
 
 
 class ObjectiveConfigError(ValueError):
-    """An unknown objective name, an impossible weight, or objectives a stage cannot compute."""
+    """An unknown objective name, an impossible weight, or objectives a level cannot compute."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ class Term:
     """One registered loss term (see the module docstring)."""
 
     name: str
-    stages: tuple[str, ...]
+    levels: tuple[str, ...]
     compute: Callable[[Batch], Tensor]
     features: tuple[Feature, ...] = ()
     #: reads the teacher's logits (from a forward or a cached column); a predicate ``(options, student) -> bool``
@@ -118,14 +119,14 @@ _TERMS: dict[str, Term] = {}
 TERMS: Mapping[str, Term] = MappingProxyType(_TERMS)
 
 
-def register_term(name: str, *, stages: Sequence[str], features: Sequence[Feature] = (),
+def register_term(name: str, *, levels: Sequence[str], features: Sequence[Feature] = (),
              teacher_logits: bool | Callable[[LossOptions, Any], bool] = False, projection: bool = False,
              head_wise: bool = False, paper: str = "") -> Callable[[Callable[[Batch], Tensor]], Callable[[Batch], Tensor]]:
-    """Decorator: register ``compute(batch) -> Tensor`` as the loss term ``name`` (stages, features and groups are
+    """Decorator: register ``compute(batch) -> Tensor`` as the loss term ``name`` (levels, features and groups are
     checked here, so a wrong registration fails at import)."""
-    bad = [s for s in stages if s not in STAGES]
-    if not stages or bad:
-        raise ValueError(f"loss term {name!r}: stages must be among {STAGES}, got {tuple(stages)}")
+    bad = [s for s in levels if s not in LEVELS]
+    if not levels or bad:
+        raise ValueError(f"loss term {name!r}: levels must be among {LEVELS}, got {tuple(levels)}")
     for kind, group in features:
         if kind not in KINDS or group not in GROUPS:
             raise ValueError(f"loss term {name!r}: feature ({kind!r}, {group!r}) is not (one of {KINDS}, one of {GROUPS})")
@@ -133,7 +134,7 @@ def register_term(name: str, *, stages: Sequence[str], features: Sequence[Featur
     def deco(compute: Callable[[Batch], Tensor]) -> Callable[[Batch], Tensor]:
         if name in _TERMS and _TERMS[name].compute is not compute:
             raise ValueError(f"loss term {name!r} is registered twice")
-        _TERMS[name] = Term(name, tuple(stages), compute, tuple(features), teacher_logits, projection, head_wise, paper)
+        _TERMS[name] = Term(name, tuple(levels), compute, tuple(features), teacher_logits, projection, head_wise, paper)
         return compute
 
     return deco
@@ -171,10 +172,10 @@ def capture_specs(names: Sequence[str], layer_map: Any) -> tuple[dict[str, tuple
     return ({k: tuple(sorted(v)) for k, v in s.items() if v}, {k: tuple(sorted(v)) for k, v in t.items() if v})
 
 
-def stage_terms(stage: str) -> tuple[str, ...]:
-    """The names of the terms a training stage can compute."""
-    return tuple(n for n, term in TERMS.items() if stage in term.stages)
+def level_terms(level: str) -> tuple[str, ...]:
+    """The names of the terms a distillation level can compute."""
+    return tuple(n for n, term in TERMS.items() if level in term.levels)
 
 
-__all__ = ["Batch", "Feature", "LossOptions", "ObjectiveConfigError", "STAGES", "TERMS", "Term", "capture_specs",
-           "group_pairs", "register_term", "stage_terms", "unregister_term"]
+__all__ = ["Batch", "Feature", "LossOptions", "ObjectiveConfigError", "LEVELS", "TERMS", "Term", "capture_specs",
+           "group_pairs", "register_term", "level_terms", "unregister_term"]

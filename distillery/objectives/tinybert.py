@@ -74,7 +74,7 @@ def attention_loss(
     return total
 
 
-@register_term("attention_loss", stages=("intermediate",), features=(("scores", "attention"),), head_wise=True,
+@register_term("attention_loss", levels=("intermediate",), features=(("scores", "attention"),), head_wise=True,
           paper="TinyBERT eq. 7")
 def _attention_term(batch: Batch) -> Tensor:
     s, t = batch.select("scores", "attention")
@@ -172,7 +172,7 @@ def _indexed_states(batch: Batch, embedding: bool) -> list[tuple[int, tuple[int,
     return [(i, p) for i, p in enumerate(batch.layer_map.hidden) if (p[0] == 0) == embedding]
 
 
-@register_term("hidden_loss", stages=("intermediate",), features=(("hidden", "states"),), projection=True,
+@register_term("hidden_loss", levels=("intermediate",), features=(("hidden", "states"),), projection=True,
           paper="TinyBERT eq. 8")
 def _hidden_term(batch: Batch) -> Tensor:
     states = _indexed_states(batch, embedding=False)
@@ -184,7 +184,7 @@ def _hidden_term(batch: Batch) -> Tensor:
     )
 
 
-@register_term("embedding_loss", stages=("intermediate",), features=(("hidden", "embedding"),), projection=True,
+@register_term("embedding_loss", levels=("intermediate",), features=(("hidden", "embedding"),), projection=True,
           paper="TinyBERT eq. 9")
 def _embedding_term(batch: Batch) -> Tensor:
     emb = _indexed_states(batch, embedding=True)
@@ -271,7 +271,7 @@ def _gold_regression(options: LossOptions, student) -> bool:
     return options.regression_target == "gold" and student.config.num_labels == 1
 
 
-@register_term("prediction_loss", stages=("prediction",), teacher_logits=lambda o, s: not _gold_regression(o, s),
+@register_term("prediction_loss", levels=("prediction",), teacher_logits=lambda o, s: not _gold_regression(o, s),
           paper="TinyBERT eq. 10")
 def _prediction_term(batch: Batch) -> Tensor:
     """Soft cross-entropy (eq. 10) on a classification head; on a one-output (regression) head the MSE of
@@ -285,7 +285,7 @@ def _prediction_term(batch: Batch) -> Tensor:
                            reduction=batch.options.prediction_reduction, mask=batch.logit_mask)
 
 
-@register_term("regression_prediction_loss", stages=("prediction",), teacher_logits=lambda o, s: o.regression_target != "gold",
+@register_term("regression_prediction_loss", levels=("prediction",), teacher_logits=lambda o, s: o.regression_target != "gold",
           paper="TinyBERT eq. 10 on a regression head")
 def _regression_prediction_term(batch: Batch) -> Tensor:
     if batch.student_logits.shape[-1] != 1:

@@ -245,8 +245,8 @@ class Recipe(Section):
 
     #: The loss terms of the recipe's layer-wise stage with the paper's weights (0: available, off by default).
     OBJECTIVES: ClassVar[dict[str, float]] = {}
-    #: The training stage of those terms (``distillery.training.spec.Stage``).
-    STAGE: ClassVar[str] = "intermediate"
+    #: The level those terms read (``distillery.training.spec.Level``).
+    LEVEL: ClassVar[str] = "intermediate"
     #: Whether the student may be deeper than the teacher (MobileBERT: it takes its IB teacher's depth).
     ANY_DEPTH: ClassVar[bool] = False
     #: Whether a student initialised from teacher layers copies them from the pre-trained teacher (a fresh head) even
@@ -276,8 +276,8 @@ class Recipe(Section):
         wrong = [n for n in weights.active() if n not in cls.OBJECTIVES]
         if wrong:
             raise ValueError(
-                f"{wrong} cannot be computed by the {cls.model_fields['recipe'].default} recipe's distillation "
-                f"stage; it computes {list(cls.OBJECTIVES)}"
+                f"{wrong} cannot be computed by the {cls.model_fields['recipe'].default} recipe's layer-wise "
+                f"distillation; it computes {list(cls.OBJECTIVES)}"
             )
         if not weights.active():
             raise ValueError("no objective has a weight > 0")
@@ -409,7 +409,7 @@ class Recipe(Section):
         """The ``DistillSpec`` of the layer-wise stage: the recipe's objectives on its layer map."""
         from distillery.training.spec import DistillSpec
 
-        return DistillSpec(self.weights, self.STAGE, self.map_layers(n_student, n_teacher), self.loss_options(),
+        return DistillSpec(self.weights, self.LEVEL, self.map_layers(n_student, n_teacher), self.loss_options(),
                            projection=projection, teacher_train_mode=self.teacher_train_mode)
 
     def stages(self, teacher: Dims) -> dict[str, StudentStage]:

@@ -49,7 +49,7 @@ class DistilBertRecipe(Recipe):
     task_distillation: bool = False               # after fine-tuning, distil the prediction layer too
 
     OBJECTIVES: ClassVar[dict[str, float]] = {"soft_target_loss": 5.0, "mlm_loss": 2.0, "cosine_loss": 1.0}
-    STAGE: ClassVar[str] = "pretraining"
+    LEVEL: ClassVar[str] = "pretraining"
 
     @property
     def runs_general(self) -> bool:

@@ -153,7 +153,7 @@ class Distiller(nn.Module):
         if start_positions is not None and end_positions is not None:  # a span task: (B, 2) gold positions
             gold = {"start_positions": start_positions, "end_positions": end_positions}
             labels = torch.stack([start_positions, end_positions], dim=1)
-        if not self.training and gold and self.spec.stage != "pretraining":
+        if not self.training and gold and self.spec.level != "pretraining":
             return self.student(**s_in, **gold)  # its own output: the Trainer evaluates the student as it is
         teacher_out, teacher_cap = None, None
         if self._teacher_features or (self._teacher_logits and teacher_logits is None):
@@ -284,7 +284,7 @@ def check_spec(teacher: PreTrainedModel | None, student: PreTrainedModel, spec: 
     logits = [t.name for t in terms if t.reads_teacher_logits(spec.options, student)]
     if teacher is None:
         if mapped:
-            raise ValueError(f"stage {spec.stage!r} with objectives {list(spec.active)} needs a teacher")
+            raise ValueError(f"level {spec.level!r} with objectives {list(spec.active)} needs a teacher")
         columns = getattr(train_dataset, "column_names", None) or ()
         if logits and TEACHER_LOGITS not in columns:
             raise ValueError(f"objectives {logits} read the teacher's logits: give a teacher or a {TEACHER_LOGITS!r} "

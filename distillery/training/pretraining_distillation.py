@@ -52,8 +52,8 @@ def pretraining_distillation(
     `nsp_dataset` (then `student` needs an NSP head: a `*ForPreTraining` model) or plain texts (tokenized with
     `run.tokenizer` to `max_length`) / a tokenized dataset (MLM + KD only). Masking is BERT's dynamic
     `mlm_probability` with 80/10/10, drawn from `run.args["seed"]` (default 42)."""
-    if spec.stage != "pretraining":
-        raise ValueError(f"pretraining distillation needs a 'pretraining' DistillSpec, got stage {spec.stage!r}")
+    if spec.level != "pretraining":
+        raise ValueError(f"pretraining distillation needs a 'pretraining' DistillSpec, got level {spec.level!r}")
     data = run.train_dataset
     if not isinstance(data, datasets.Dataset):
         data = tokenize_texts(data, run.tokenizer, max_length)

@@ -16,27 +16,29 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 from distillery.layer_map import LayerMap
-from distillery.objectives.registry import STAGES, TERMS, LossOptions, ObjectiveConfigError, stage_terms
+from distillery.objectives.registry import LEVELS, TERMS, LossOptions, ObjectiveConfigError, level_terms
 from distillery.objectives.weights import ObjectiveWeights
 
+#: The level of the models a distillation's terms read (TinyBERT's "intermediate layer" / "prediction layer"
+#: distillation, and the pre-training heads):
 #: "intermediate": layer-wise terms (general distillation, TinyBERT step 1, MiniLM, MobileBERT transfer);
 #: "prediction": task-stage terms on logits (TinyBERT step 2, DistilBERT's extra step, BERT-PKD);
-#: "pretraining": MLM-logit terms (DistilBERT, MobileBERT eq. 4). The stage decides what evaluation means: in
+#: "pretraining": MLM-logit terms (DistilBERT, MobileBERT eq. 4). The level decides what evaluation means: in
 #: "intermediate" and "prediction" an eval batch runs the student alone; "pretraining" has no dev set.
-Stage = Literal["intermediate", "prediction", "pretraining"]
+Level = Literal["intermediate", "prediction", "pretraining"]
 
 
 @dataclass(frozen=True)
 class DistillSpec:
-    """One distillation stage: L = sum_n w_n L_n over the active terms of ``objectives``.
+    """One distillation: L = sum_n w_n L_n over the active terms of ``objectives``.
 
     ``projection``: a saved ``distill_state.safetensors`` (file or directory) or a ``HiddenProjection`` to
     continue from (TinyBERT's W_h); made fresh when a term needs one. ``teacher_train_mode``: the official TinyBERT
-    code leaves the teacher's dropout on. Active terms not registered for ``stage``, or no active term, are an
+    code leaves the teacher's dropout on. Active terms not registered for ``level``, or no active term, are an
     ``ObjectiveConfigError`` here."""
 
     objectives: ObjectiveWeights
-    stage: Stage = "intermediate"
+    level: Level = "intermediate"
     layer_map: LayerMap = field(default_factory=LayerMap)
     options: LossOptions = field(default_factory=LossOptions)
     projection: Any = None
@@ -46,16 +48,16 @@ class DistillSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.objectives, ObjectiveWeights):
             object.__setattr__(self, "objectives", ObjectiveWeights.from_config(self.objectives))
-        if self.stage not in STAGES:
-            raise ValueError(f"stage must be one of {list(STAGES)}, got {self.stage!r}")
+        if self.level not in LEVELS:
+            raise ValueError(f"level must be one of {list(LEVELS)}, got {self.level!r}")
         active = self.objectives.active()
         if not active:
-            raise ObjectiveConfigError(f"stage {self.stage!r}: no objective has a weight > 0")
-        unsupported = [n for n in active if self.stage not in TERMS[n].stages]
+            raise ObjectiveConfigError(f"level {self.level!r}: no objective has a weight > 0")
+        unsupported = [n for n in active if self.level not in TERMS[n].levels]
         if unsupported:
             raise ObjectiveConfigError(
-                f"objectives {unsupported} are not computed by the {self.stage!r} distillation stage (it computes "
-                f"{', '.join(stage_terms(self.stage))})"
+                f"objectives {unsupported} are not computed at the {self.level!r} level (it computes "
+                f"{', '.join(level_terms(self.level))})"
             )
 
     @property
