@@ -35,14 +35,17 @@ import os
 import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
 import transformers
 from torch import nn
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import PretrainedConfig
 
 from distillery.errors import UserError
+
+if TYPE_CHECKING:  # importing it loads transformers' modeling code (~4 s): a stage that finds itself fresh needs none
+    from transformers import PreTrainedModel
 
 __all__ = [
     "StudentShape",

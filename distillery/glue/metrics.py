@@ -17,8 +17,6 @@ import warnings
 from typing import Literal, Mapping
 
 import numpy as np
-from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
-
 from distillery.glue.tasks import TaskSpec, get_task
 
 Selection = Literal["default", "accuracy"]
@@ -75,6 +73,8 @@ def compute_metrics(task: str | TaskSpec, predictions, labels) -> dict[str, floa
         y = y.astype(np.int64)
         if np.any(y < 0) or np.any(y >= spec.num_labels):
             raise ValueError(f"{spec.name}: labels outside 0..{spec.num_labels - 1} (unlabeled rows are -1)")
+    from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef  # lazy: ~1 s to import
+
     out: dict[str, float] = {}
     for name in spec.metrics:
         if name == "accuracy":

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable
-
-from transformers import PreTrainedModel
-from transformers.trainer_utils import get_last_checkpoint
+from typing import TYPE_CHECKING, Callable
 
 from distillery.io import atomic_dir, write_json
 from distillery.training.distributed import is_main, main_process_first, wait_for_everyone
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 CHECKPOINTS = "checkpoints"
 MODEL = "model"
@@ -63,6 +63,8 @@ def last_checkpoint(output_dir: str | os.PathLike) -> str | None:
 
     ckpt = checkpoint_dir(output_dir)
     with main_process_first():  # rank 0 removes incomplete checkpoints; the others then see what it kept
+        from transformers.trainer_utils import get_last_checkpoint  # transformers' Trainer modules load on use
+
         while ckpt.is_dir() and (newest := get_last_checkpoint(str(ckpt))) is not None:
             if checkpoint_complete(newest):
                 return newest
