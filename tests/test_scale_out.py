@@ -336,46 +336,42 @@ def served_deployment(stack: Stack, name: str, process: Server, timeout: float =
             time.sleep(1)
 
 
-def test_served_deployment_runs_on_its_cron_schedule(stack):
-    """`python -m flows.deploy` (flow.serve) with PREFECT_API_URL set: the server's scheduler creates the runs, the
-    serving process runs them; stopping it pauses the schedule."""
+def test_served_and_worker_deployments_run_on_their_cron_schedules(stack):
+    """Both ways to run on a schedule, waiting for one minute boundary together: `python -m flows.deploy` (flow.serve)
+    with PREFECT_API_URL set, whose serving process runs what the server's scheduler creates (stopping it pauses the
+    schedule); and the `nightly` deployment of prefect.yaml with an every-minute cron and a long-running worker on its
+    pool, whose poll (every 10 s, Prefect's default) runs it on time."""
     since = datetime.now(timezone.utc)
     served = Server([sys.executable, "-m", "flows.deploy", "--name", "served", "--cron", "* * * * *"], None,
                     stack.env, stack.tmp / "served.log", stack.project)
+    worker = None
     try:
+        # --cron adds a schedule to those prefect.yaml declares
+        run([*PREFECT, "--no-prompt", "deploy", "--name", "nightly", "--cron", "* * * * *"], stack.project, stack.env)
+        nightly = stack.get(f"/deployments/name/{DEPLOYMENT}")
+        assert sorted(s["schedule"]["cron"] for s in nightly["schedules"]) == ["* * * * *", "0 3 * * *"]
+        worker = Server([*PREFECT, "worker", "start", "--pool", POOL], None, stack.env, stack.tmp / "worker.log",
+                        stack.tmp)
         deployment = served_deployment(stack, "served", served)
         assert deployment["work_pool_name"] is None and deployment["parameters"] == {"params_file": "params.yaml"}
         [schedule] = deployment["schedules"]
         assert schedule["schedule"]["cron"] == "* * * * *" and schedule["active"] and not deployment["paused"]
-        flow_run = first_scheduled_run(stack, deployment["id"], served)
+        served_run = first_scheduled_run(stack, deployment["id"], served)
+        worker_run = first_scheduled_run(stack, nightly["id"], worker)
     finally:
         served.stop()  # SIGTERM
-    assert_on_time(stack, flow_run, since, "served cron run", served.log)
+        if worker is not None:
+            worker.stop()
+        # back to prefect.yaml's schedule (which deletes the every-minute runs not yet started)
+        run([*PREFECT, "--no-prompt", "deploy", "--name", "nightly"], stack.project, stack.env)
+    assert_on_time(stack, served_run, since, "served cron run", served.log)
     # stopped, it paused its deployment: no runs pile up for a process that is gone (serving it again resumes it)
     assert stack.get(f"/deployments/{deployment['id']}")["paused"]
     assert not [r for r in stack.scheduled_runs(deployment["id"]) if r["state"]["type"] == "SCHEDULED"]
+    assert worker_run["work_pool_name"] == POOL and worker_run["parameters"] == {"params_file": "params.yaml"}
+    assert_on_time(stack, worker_run, since, "worker cron run", worker.log)
+    assert [s["schedule"]["cron"] for s in stack.get(f"/deployments/{nightly['id']}")["schedules"]] == ["0 3 * * *"]
 
-
-def test_prefect_yaml_deployment_runs_on_its_cron_schedule_on_a_worker(stack):
-    """The `nightly` deployment of prefect.yaml with an every-minute cron, and a long-running worker on its pool:
-    the server's scheduler creates the run, the worker's poll (every 10 s, Prefect's default) runs it on time."""
-    since = datetime.now(timezone.utc)
-    # --cron adds a schedule to those prefect.yaml declares
-    run([*PREFECT, "--no-prompt", "deploy", "--name", "nightly", "--cron", "* * * * *"], stack.project, stack.env)
-    try:
-        deployment = stack.get(f"/deployments/name/{DEPLOYMENT}")
-        assert sorted(s["schedule"]["cron"] for s in deployment["schedules"]) == ["* * * * *", "0 3 * * *"]
-        worker = Server([*PREFECT, "worker", "start", "--pool", POOL], None, stack.env, stack.tmp / "worker.log",
-                        stack.tmp)
-        try:
-            flow_run = first_scheduled_run(stack, deployment["id"], worker)
-        finally:
-            worker.stop()
-    finally:  # back to prefect.yaml's schedule (which deletes the every-minute runs not yet started)
-        run([*PREFECT, "--no-prompt", "deploy", "--name", "nightly"], stack.project, stack.env)
-    assert flow_run["work_pool_name"] == POOL and flow_run["parameters"] == {"params_file": "params.yaml"}
-    assert_on_time(stack, flow_run, since, "worker cron run", worker.log)
-    assert [s["schedule"]["cron"] for s in stack.get(f"/deployments/{deployment['id']}")["schedules"]] == ["0 3 * * *"]
 
 def test_registering_a_teacher_starts_a_run_through_the_deployment_trigger(stack):
     """`python -m flows.deploy --on-teacher NAME` serves a deployment with an event trigger and no schedule;
