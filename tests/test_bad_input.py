@@ -21,7 +21,7 @@ import yaml
 
 from distillery.cli import main as cli
 from distillery.glue.loaders import GlueFileError, load_split_file
-from helpers import ONE_STUDENT
+from helpers import ONE_STUDENT, make_project
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the a movie film good bad great plot acting story dull charming it was is not".split()
@@ -334,15 +334,13 @@ def test_unknown_preset(preset, capsys, no_pipeline):
 @pytest.mark.slow
 def test_a_stage_error_inside_the_prefect_flow_ends_with_its_one_line(tmp_path):
     project = tmp_path / "project"
-    for name in ("distillery", "tasks", "flows"):
-        shutil.copytree(ROOT / name, project / name, ignore=shutil.ignore_patterns("__pycache__"))
     glue = project / "glue" / "SST-2"
     glue.mkdir(parents=True)
     (glue / "train.tsv").write_text("sentence\tlabel\na good film\t1\na bad film\t0\nfine\t1\nawful\t2\n")
     (glue / "dev.tsv").write_text("sentence\tlabel\ngood\t1\nbad\t0\n")
-    data = {**ONE_STUDENT, "data": {**ONE_STUDENT["data"], "source": "local", "glue_dir": "glue", "tasks": ["sst2"]},
-            "corpus": {**ONE_STUDENT["corpus"], "demo_documents": 20}}
-    (project / "params.yaml").write_text(yaml.safe_dump(data))
+    make_project(project, {**ONE_STUDENT, "corpus": {**ONE_STUDENT["corpus"], "demo_documents": 20},
+                           "data": {**ONE_STUDENT["data"], "source": "local", "glue_dir": "glue", "tasks": ["sst2"]}},
+                 dvc_yaml=False)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "DISTILLERY_"))}
     env["PYTHONPATH"] = str(project)
     env.setdefault("OMP_NUM_THREADS", "1")  # micro models: one intra-op thread (see helpers.env_for)

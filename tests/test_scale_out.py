@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import ONE_STUDENT
+from helpers import ONE_STUDENT, prefect_database
 
 from tasks import provenance
 from tasks.stage import fingerprint
@@ -109,6 +109,8 @@ class Stack:
         self.mlflow_uri = f"http://127.0.0.1:{mlflow_port}"
         self.artifacts = tmp / "mlflow-artifacts"
         home = tmp / "prefect-home"
+        home.mkdir()
+        shutil.copyfile(prefect_database(), home / "prefect.db")  # migrated once per session, not at server start
         # the server's scheduler at its defaults (on; a new or changed deployment's runs are created within 5 s, by
         # its recent-deployments loop): the tests of schedules below see what a user gets
         self.prefect = Server(
