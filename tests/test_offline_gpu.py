@@ -55,7 +55,7 @@ def test_register_untracked_is_refused_before_it_starts(tmp_path):
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines() == [
         "error: the register stage needs MLflow, and tracking is off (DISTILLERY_TRACKING=off): unset it"]
-    assert not (project / ".prefect").exists()  # no `.started` stamp: nothing began
+    assert not (project / ".prefect" / "stamps").exists()  # no `.started` stamp: nothing began
 
 
 @pytest.fixture
