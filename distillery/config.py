@@ -392,8 +392,9 @@ TASK_EVALUATION_KEYS = ("latency_seq_len",)
 
 
 class TaskOverrides(Section):
-    """One task's own settings (`per_task.<task>`): partial `teacher_finetune`, `augment` and `task_distillation` sections
-    and the task's encoding and timing keys of `data` and `evaluation` (`TASK_DATA_KEYS`, `TASK_EVALUATION_KEYS`),
+    """One task's own settings (`per_task.<task>`): partial `teacher_finetune`, `augment` and `task_distillation`
+    sections and the task's encoding and timing keys of `data` and `evaluation` (`TASK_DATA_KEYS`,
+    `TASK_EVALUATION_KEYS`),
     merged key by key over the run's for that task's stages (`Params.for_task`). Only settings that no other task's
     stage reads can differ per task."""
 
@@ -497,7 +498,8 @@ class Params(Section):
 def _uneven_batches(n: int, d: dict[str, Any]) -> str | None:
     """What is wrong when a batch size of the sections `d` does not split evenly across `n` processes."""
     td = d.get("task_distillation")
-    batches = {f"{k}.batch_size": [d[k].batch_size] for k in ("pretrain", "teacher_finetune", "general_distillation") if k in d}
+    batches = {f"{k}.batch_size": [d[k].batch_size]
+               for k in ("pretrain", "teacher_finetune", "general_distillation") if k in d}
     if td is not None:
         batches.update({"task_distillation.intermediate.batch_size": [td.intermediate.batch_size],
                         "task_distillation.prediction.batch_sizes": td.prediction.batch_sizes,

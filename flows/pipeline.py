@@ -181,8 +181,8 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
     """Run every stage as a DAG (see `submit_stages`). A user error (bad params, input file, model) stops the run: its
     one-line message is printed last (``error: ...``) and returned in the result's "stopped"; stages that do not
     depend on the failed one still finish. A task whose teacher failed the gate is not distilled, the others are; the
-    run ends with one line per such task (``teacher gate: ...``), or, with `teacher_finetune.stop_on_failed_gate`, with them
-    as ``error:`` lines and the result's "stopped" (exit code 2). A Prefect API server that goes away meanwhile is
+    run ends with one line per such task (``teacher gate: ...``), or, with `teacher_finetune.stop_on_failed_gate`, with
+    them as ``error:`` lines and the result's "stopped" (exit code 2). A Prefect API server that goes away meanwhile is
     one console line (flows.api_server); the stages go on."""
     api_server.install()
     _FINISHED["result"] = result = _pipeline(params_file)

@@ -135,8 +135,8 @@ def _grid(p: Params, task: str, tokenizer, section, dev: Callable[[], Any]):
     compute, main = kind.training_metrics(lambda: (load_task(task)["dev"], dev()), tokenizer.pad_token_id)
     cache = section.cache_teacher_logits if isinstance(section, PredictionSection) else True
     cache = cache and kind.caches_teacher_logits
-    grid = Grid(learning_rates=tuple(section.learning_rates), batch_sizes=tuple(section.batch_sizes), epochs=section.epochs,
-                cache_teacher_logits=cache)
+    grid = Grid(learning_rates=tuple(section.learning_rates), batch_sizes=tuple(section.batch_sizes),
+                epochs=section.epochs, cache_teacher_logits=cache)
     args = {**kind.train_args, "warmup_steps": section.warmup_ratio, "seed": p.seed, "per_device_eval_batch_size": 64,
             "save_total_limit": 1, "logging_steps": 5, **checkpoint_options(section.checkpoint_steps)}
     return grid, TrainRun(paths.ROOT, None, tokenizer=tokenizer, args=args, compute_metrics=compute, main_score=main)

@@ -335,6 +335,7 @@ REPORT = Stage(
     params=lambda p, _: {"tasks": p.data.tasks, "students": sorted(p.students), "baselines": p.evaluation.baselines,
                          "precision": p.precision,
                          "max_eval_examples": p.data.max_eval_examples,
-                         "min_gain_over_trivial": {t: p.for_task(t).teacher_finetune.min_gain_over_trivial for t in p.data.tasks}},
+                         "min_gain_over_trivial": {t: p.for_task(t).teacher_finetune.min_gain_over_trivial
+                                                   for t in p.data.tasks}},
     code=("distillery/report.py", "tasks/evaluate.py"),
 )

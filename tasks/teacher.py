@@ -216,7 +216,8 @@ def trivial_baseline(task: str) -> dict[str, float]:
 
 
 def beats_trivial(p: Params, score: float, trivial: float) -> bool:
-    """The gate's rule: a teacher's main dev score beats the trivial baseline's by `teacher_finetune.min_gain_over_trivial`."""
+    """The gate's rule: a teacher's main dev score beats the trivial baseline's by
+    `teacher_finetune.min_gain_over_trivial`."""
     return score >= trivial + p.teacher_finetune.min_gain_over_trivial
 
 
@@ -287,8 +288,8 @@ FINETUNE_TEACHER = Stage(
                                               else _finetune_source_deps(p)),
     outs=lambda p, t: [paths.teacher(t) / "model"],
     params=lambda p, t: {"seed": p.seed, **encoding(p, t),
-                         "teacher_finetune": p.teacher_finetune.model_dump(mode="json", exclude={"min_gain_over_trivial",
-                                                                                  "stop_on_failed_gate"}),
+                         "teacher_finetune": p.teacher_finetune.model_dump(
+                             mode="json", exclude={"min_gain_over_trivial", "stop_on_failed_gate"}),
                          "teacher": p.teacher.model_dump(mode="json"), **distributed_params(p)},
     code=("distillery/training", "distillery/models.py", "distillery/glue", "distillery/squad",
           "distillery/task_kinds.py", "tasks/teacher.py"),

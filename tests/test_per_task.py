@@ -19,13 +19,15 @@ def two_tasks(per_task: dict | None = None) -> dict:
     return data
 
 
-SST2 = {"sst2": {"teacher_finetune": {"epochs": 1}, "task_distillation": {"student_dropout": 0.1, "prediction": {"epochs": 1}}}}
+SST2 = {"sst2": {"teacher_finetune": {"epochs": 1},
+                 "task_distillation": {"student_dropout": 0.1, "prediction": {"epochs": 1}}}}
 
 
 def test_a_tasks_settings_merge_over_the_runs_key_by_key():
     p = parse_params(two_tasks(SST2))
     sst2, cola = p.for_task("sst2"), p.for_task("cola")
-    assert sst2.teacher_finetune.epochs == 1 and sst2.teacher_finetune.learning_rate == p.teacher_finetune.learning_rate  # the rest of the section is the run's
+    # the rest of the section is the run's
+    assert sst2.teacher_finetune.epochs == 1 and sst2.teacher_finetune.learning_rate == p.teacher_finetune.learning_rate
     assert sst2.task_distillation.student_dropout == 0.1
     assert sst2.task_distillation.prediction.epochs == 1
     assert sst2.task_distillation.prediction.learning_rates == p.task_distillation.prediction.learning_rates  # merged one level down too

@@ -110,7 +110,7 @@ class Stack:
         self.artifacts = tmp / "mlflow-artifacts"
         home = tmp / "prefect-home"
         home.mkdir()
-        shutil.copyfile(prefect_database(), home / "prefect.db")  # migrated once per session, not at server start
+        shutil.copyfile(prefect_database(), home / "prefect.db")  # migrated once per machine, not at server start
         # the server's scheduler at its defaults (on; a new or changed deployment's runs are created within 5 s, by
         # its recent-deployments loop): the tests of schedules below see what a user gets
         self.prefect = Server(

@@ -17,6 +17,12 @@ def params():
     return parse_params(yaml.safe_load((ROOT / "params.yaml").read_text()))
 
 
+def _slower(params):
+    """The params with the teacher's fine-tuning learning rate changed."""
+    return params.model_copy(update={"teacher_finetune": params.teacher_finetune.model_copy(
+        update={"learning_rate": 1e-5})})
+
+
 def test_fingerprint_is_content_not_name(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     for d in (a, b):
@@ -36,7 +42,7 @@ def test_key_depends_on_the_params_that_matter_only(tmp_path, params):
     base = stage_key(s, params, "demo")
     assert stage_key(s, params, "demo") == base
     assert stage_key(s, params, "other") != base
-    changed = params.model_copy(update={"teacher_finetune": params.teacher_finetune.model_copy(update={"learning_rate": 1e-5})})
+    changed = _slower(params)
     assert stage_key(s, changed, "demo") != base
     unrelated = params.model_copy(update={"augment": params.augment.model_copy(update={"k": 3})})
     assert stage_key(s, unrelated, "demo") == base
@@ -57,7 +63,7 @@ def test_fresh_only_when_outputs_exist_and_were_made_by_this_key(tmp_path, param
     assert not is_fresh(s, params, None)
     run_stage(s, params, None)
     assert is_fresh(s, params, None)
-    other = params.model_copy(update={"teacher_finetune": params.teacher_finetune.model_copy(update={"learning_rate": 1e-5})})
+    other = _slower(params)
     assert not is_fresh(s, other, None)  # output was written under the other params
     run_stage(s, other, None)
     assert not is_fresh(s, params, None) and is_fresh(s, other, None)
@@ -140,7 +146,7 @@ def test_a_killed_run_leaves_nothing_that_misleads_the_next(tmp_path, params, mo
     finished.mkdir(parents=True)
     kept = execute_mod.prepare(s, params, None)  # same params, code and inputs: resume
     assert ckpt.is_dir() and finished.is_dir() and set(kept) == {out.parent / "checkpoints", out.parent / "grid"}
-    other = params.model_copy(update={"teacher_finetune": params.teacher_finetune.model_copy(update={"learning_rate": 1e-5})})
+    other = _slower(params)
     assert execute_mod.prepare(s, other, None) == []  # changed learning rate: nothing old may be resumed
     assert not ckpt.exists() and not finished.exists()
     from tasks.stage import skipped, write_skipped
@@ -173,7 +179,7 @@ def test_a_failed_run_leaves_the_earlier_good_run_fresh(tmp_path, params, monkey
     s = Stage("toy", run=body, deps=lambda p, i: [], outs=lambda p, i: [out],
               params=lambda p, i: {"learning_rate": p.teacher_finetune.learning_rate})
     run_stage(s, params, None)
-    failing = params.model_copy(update={"teacher_finetune": params.teacher_finetune.model_copy(update={"learning_rate": 1e-5})})
+    failing = _slower(params)
     with pytest.raises(RuntimeError):
         run_stage(s, failing, None)
     assert is_fresh(s, params, None) and not is_fresh(s, failing, None)

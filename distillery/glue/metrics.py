@@ -17,6 +17,7 @@ import warnings
 from typing import Literal, Mapping
 
 import numpy as np
+
 from distillery.glue.tasks import TaskSpec, get_task
 
 Selection = Literal["default", "accuracy"]

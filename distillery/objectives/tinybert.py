@@ -285,8 +285,8 @@ def _prediction_term(batch: Batch) -> Tensor:
                            reduction=batch.options.prediction_reduction, mask=batch.logit_mask)
 
 
-@register_term("regression_prediction_loss", levels=("prediction",), teacher_logits=lambda o, s: o.regression_target != "gold",
-          paper="TinyBERT eq. 10 on a regression head")
+@register_term("regression_prediction_loss", levels=("prediction",),
+          teacher_logits=lambda o, s: o.regression_target != "gold", paper="TinyBERT eq. 10 on a regression head")
 def _regression_prediction_term(batch: Batch) -> Tensor:
     if batch.student_logits.shape[-1] != 1:
         raise ObjectiveConfigError(
