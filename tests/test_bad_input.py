@@ -21,7 +21,7 @@ import yaml
 
 from distillery.cli import main as cli
 from distillery.glue.loaders import GlueFileError, load_split_file
-from helpers import ONE_STUDENT, make_project
+from helpers import ONE_STUDENT, env_for, make_project
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the a movie film good bad great plot acting story dull charming it was is not".split()
@@ -342,9 +342,7 @@ def test_a_stage_error_inside_the_prefect_flow_ends_with_its_one_line(tmp_path):
     make_project(project, {**ONE_STUDENT, "corpus": {**ONE_STUDENT["corpus"], "demo_documents": 20},
                            "data": {**ONE_STUDENT["data"], "source": "local", "glue_dir": "glue", "tasks": ["sst2"]}},
                  dvc_yaml=False)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "DISTILLERY_"))}
-    env["PYTHONPATH"] = str(project)
-    env.setdefault("OMP_NUM_THREADS", "1")  # micro models: one intra-op thread (see helpers.env_for)
+    env = {k: v for k, v in env_for(project).items() if not k.startswith("DISTILLERY_")}
     expected = f"error: {glue / 'train.tsv'}:5: label '2' is not one of ['0', '1'] (sst2)"
     for cmd in ([sys.executable, "-m", "flows.stage", "prepare_task", "--item", "sst2"],
                 [sys.executable, "-m", "flows.pipeline"]):
