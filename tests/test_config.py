@@ -29,6 +29,20 @@ def test_the_squad_recipes_run_shares_the_squad_presets_teacher():
     assert {r["recipe"] for r in extra["students"].values()} == {"minilm", "distilbert", "mobilebert"}
 
 
+def test_the_five_recipes_run_shares_the_local_presets_teacher_and_student():
+    """Its TinyBERT row is the local preset's (one cache in one clone); the other four recipes sit beside it."""
+    local, five = (yaml.safe_load((ROOT / "params" / f"{n}.yaml").read_text()) for n in ("local", "local-recipes"))
+    for section in ("seed", "corpus", "teacher", "pretrain", "teacher_finetune", "word_vectors", "augment",
+                    "evaluation", "per_task"):
+        assert five[section] == local[section], section
+    assert {k: v for k, v in five["data"].items() if k != "tasks"} == {k: v for k, v in local["data"].items()
+                                                                        if k != "tasks"}
+    assert five["students"]["tinybert-l3"] == local["students"]["minilm-l3"]
+    assert five["task_distillation"] == local["task_distillation"]
+    assert sorted(r["recipe"] for r in five["students"].values()) == ["distilbert", "minilm", "mobilebert", "pkd",
+                                                                       "tinybert"]
+
+
 def test_unknown_key_is_named():
     data = demo()
     data["teacher_finetune"]["rate"] = 1e-4

@@ -242,6 +242,10 @@ class Recipe(Section):
     objectives: dict[str, float] | None = None  # None: the paper's (``OBJECTIVES``)
     general_distillation: bool | None = None    # None: on unless init is a checkpoint (see ``runs_general``)
     teacher_train_mode: bool = False            # official TinyBERT: teacher dropout on while distilling
+    #: after the fine-tuning grid, prediction-layer distillation from the fine-tuned teacher (DistilBERT's SQuAD extra
+    #: step, Sec. 4.2; a CPU-budget option for MiniLM and MobileBERT, whose papers fine-tune only); refused for a
+    #: recipe whose task stage distils already (``task_distills``: TinyBERT, BERT-PKD)
+    task_distillation: bool = False
 
     #: The loss terms of the recipe's layer-wise stage with the paper's weights (0: available, off by default).
     OBJECTIVES: ClassVar[dict[str, float]] = {}
@@ -378,6 +382,10 @@ class Recipe(Section):
             if max(layers) >= teacher.layers:
                 raise RecipeError(f"{key}.init.teacher_layers: layer {max(layers)} does not exist in a "
                                   f"{teacher.layers}-layer teacher (0..{teacher.layers - 1})")
+        if self.task_distillation and self.task_distills:
+            raise RecipeError(f"{key}.task_distillation: the {self.recipe} recipe's task stage distils from the "
+                              "teacher already; the extra step is for recipes that fine-tune (minilm, distilbert, "
+                              "mobilebert)")
         if not self.runs_general and self.init.kind == "random" and not self.task_distills:
             raise RecipeError(f"{key}.general_distillation: a randomly initialised {self.recipe} student needs general "
                               "distillation (or init from teacher_layers / a checkpoint)")
@@ -464,9 +472,15 @@ class Recipe(Section):
     # ---------------------------------------------------------------- the task stage
 
     def task_stage(self, ctx: TaskContext):
-        """Fine-tuning over the grid on the gold labels (MiniLM, MobileBERT). Every recipe returns (the GridResult
-        whose best run becomes the student, the training curve to report or None for the best run's)."""
-        return finetune_grid(ctx, task_student(self, ctx), ctx.out / "grid"), None
+        """Fine-tuning over the grid on the gold labels (MiniLM, DistilBERT, MobileBERT), then, with
+        ``task_distillation``, prediction-layer distillation of the best fine-tuned run over the grid
+        ``task_distillation.prediction``. Every recipe returns (the GridResult whose best run becomes the student, the
+        training curve to report or None for the best run's)."""
+        grid = finetune_grid(ctx, task_student(self, ctx), ctx.out / "grid")
+        if self.task_distillation:
+            best = grid.best_dir
+            grid = prediction_stage(self, ctx, lambda: ctx.load(best), ctx.out / "grid-distill")
+        return grid, None
 
     def direct_stage(self, ctx: TaskContext):
         """The same student trained without a teacher (TinyBERT's BERT-small row): its architecture and

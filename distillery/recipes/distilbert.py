@@ -23,12 +23,8 @@ from distillery.recipes.base import (
     Recipe,
     RecipeError,
     StageContext,
-    TaskContext,
     TeacherLayersInit,
     corpus_dataset,
-    finetune_grid,
-    prediction_stage,
-    task_student,
 )
 from distillery.recipes.registry import register_recipe
 
@@ -46,7 +42,6 @@ class DistilBertRecipe(Recipe):
     adam_epsilon: float = Field(1e-6, gt=0)
     max_grad_norm: float = Field(5.0, gt=0)
     gradient_accumulation_steps: int = Field(1, ge=1)  # the paper's ~4K-sequence batches: raise on a GPU
-    task_distillation: bool = False               # after fine-tuning, distil the prediction layer too
 
     OBJECTIVES: ClassVar[dict[str, float]] = {"soft_target_loss": 5.0, "mlm_loss": 2.0, "cosine_loss": 1.0}
     LEVEL: ClassVar[str] = "pretraining"
@@ -111,10 +106,3 @@ class DistilBertRecipe(Recipe):
                        args={**ctx.args, **self.optimizer_options()})
         distill(teacher, model, spec, run)
         return {"metrics": {"sequences": n}}
-
-    def task_stage(self, ctx: TaskContext):
-        grid = finetune_grid(ctx, task_student(self, ctx), ctx.out / "grid")
-        if self.task_distillation:
-            best = grid.best_dir
-            grid = prediction_stage(self, ctx, lambda: ctx.load(best), ctx.out / "grid-distill")
-        return grid, None
