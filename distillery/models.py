@@ -30,6 +30,7 @@ IB-BERT teacher presets (MobileBERT Sec. 3.1, Tables 1-2; built like the officia
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import re
@@ -350,6 +351,23 @@ def inter_block_attention_inputs(model: PreTrainedModel) -> PreTrainedModel:
             nn.init.normal_(lin.weight, std=cfg.initializer_range)
             nn.init.zeros_(lin.bias)
     return model
+
+
+@contextlib.contextmanager
+def quiet_loading():
+    """transformers' load report and "Loading weights" bar off while a command loads a model whose only console
+    output should be its own lines (or one error line)."""
+    from transformers.utils import logging as hf_logging
+
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 class ModelFilesError(UserError, ValueError):

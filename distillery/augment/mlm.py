@@ -40,21 +40,13 @@ def load_mlm_checked(name_or_path: str | os.PathLike, **kwargs):
     """``AutoModelForMaskedLM.from_pretrained`` that refuses a checkpoint saved without an MLM head (a
     ``BertModel`` encoder, a classifier): transformers would fill the head with random weights."""
     from transformers import AutoModelForMaskedLM
-    from transformers.utils import logging as hf_logging
 
-    from distillery.models import check_weights
+    from distillery.models import check_weights, quiet_loading
 
     if Path(name_or_path).is_dir():  # a local directory: its weights checked before transformers reads them
         check_weights(name_or_path)
-    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()  # its load report and progress bar would come before our one line
-    hf_logging.disable_progress_bar()
-    try:
+    with quiet_loading():  # its load report and progress bar would come before our one line
         model, info = AutoModelForMaskedLM.from_pretrained(str(name_or_path), output_loading_info=True, **kwargs)
-    finally:
-        hf_logging.set_verbosity(level)
-        if bars:
-            hf_logging.enable_progress_bar()
     missing = sorted(info.get("missing_keys") or [])
     if missing:
         raise MissingMLMHeadError(

@@ -153,6 +153,44 @@ def check_results_file(path: Path) -> None:
                                 "is left as it is: give another path")
 
 
+def _budget(args: argparse.Namespace) -> int:
+    """The student shapes (and deployed forms) that meet a latency budget on this machine, timed on random weights
+    beside the teacher."""
+    from distillery.efficiency.budget import (Budget, BudgetError, available_forms, candidates, time_candidates,
+                                              within_budget)
+    from distillery.efficiency.export import check_saved_model, load_model_for_export
+    from distillery.models import Dims
+
+    if args.json:
+        check_results_file(Path(args.json))
+    budget = Budget(speedup=args.speedup, latency_ms=args.latency_ms, batch=args.batch, seq_len=args.seq)
+    check_saved_model(args.teacher)
+    teacher = load_model_for_export(args.teacher)
+    if Dims.of_config(teacher.config).arch not in ("bert",):
+        raise BudgetError(f"budget: {args.teacher} is a {teacher.config.model_type} model; the shape search builds "
+                          "bert students")
+    forms = [f for f in args.forms.split(",") if f] if args.forms else list(available_forms())
+    depths = [int(d) for d in args.depths.split(",")] if args.depths else None
+    cands = candidates(Dims.of_config(teacher.config), depths=depths, forms=forms)
+    print(f"timing the teacher and {len(cands)} candidates ({budget.describe()}) ...", flush=True)
+    teacher_ms, timed = time_candidates(teacher, cands, budget)
+    keep = within_budget(timed, teacher_ms, budget)
+    print(f"fp32 teacher: {teacher_ms:.2f} ms; {len(keep)} of {len(timed)} candidates meet the budget "
+          f"(<= {budget.limit_ms(teacher_ms):.2f} ms), largest first:")
+    print("| candidate | layers | hidden | heads | FFN | form | median ms | speedup |")
+    print("|---|---:|---:|---:|---:|---|---:|---:|")
+    for t in keep:
+        c = t.candidate
+        print(f"| {c.name} | {c.layers} | {c.hidden} | {c.heads} | {c.intermediate} | {c.form} | {t.ms:.2f} | "
+              f"{t.speedup:.2f}x |")
+    if args.json:
+        write_json(args.json, {"teacher_ms": teacher_ms, "budget": budget.describe(),
+                               "candidates": {t.candidate.name: {"ms": t.ms, "speedup": t.speedup,
+                                                                 "shape": t.candidate.shape, "form": t.candidate.form,
+                                                                 "meets_budget": t in keep} for t in timed}})
+    return 0
+
+
 def _export(args: argparse.Namespace) -> int:
     info = export_dir(args.model_dir, args.out_dir, opset=args.opset, int8=not args.no_int8, optimize=args.optimize)
     print(f"exported {args.model_dir} -> {args.out_dir} (max |onnx - torch| {info['onnx']['max_abs_diff']:.2e}); "
@@ -172,6 +210,17 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     sp.add_argument("--threads", type=non_negative_int, default=0, help="CPU threads (default: torch's)")
     sp.add_argument("--json", default=None, help="also write the results to this JSON file")
     sp.set_defaults(func=_speed)
+
+    bp = subparsers.add_parser("budget", help="student shapes and deployed forms that meet a latency budget here")
+    bp.add_argument("teacher", help="the teacher's save_pretrained directory (a bert model)")
+    bp.add_argument("--speedup", type=float, default=None, help="at least this many times faster than the teacher")
+    bp.add_argument("--latency-ms", type=float, default=None, help="at most this many ms per batch")
+    bp.add_argument("--batch", type=positive_int, default=1)
+    bp.add_argument("--seq", type=positive_int, default=128)
+    bp.add_argument("--depths", default=None, help="comma-separated depths (default 1 .. the teacher's)")
+    bp.add_argument("--forms", default=None, help="comma-separated fp32,bf16,int8 (default: those this machine serves)")
+    bp.add_argument("--json", default=None, help="also write every candidate's timing to this JSON file")
+    bp.set_defaults(func=_budget)
 
     ep = subparsers.add_parser("export", help="export a saved model to ONNX (dynamic axes) and int8")
     ep.add_argument("model_dir")

@@ -79,6 +79,8 @@ def load_model_for_export(model_dir: str | os.PathLike) -> nn.Module:
     """
     import transformers
 
+    from distillery.models import quiet_loading
+
     model_dir = Path(model_dir)
     cfg_path = check_saved_model(model_dir)
     try:
@@ -88,7 +90,8 @@ def load_model_for_export(model_dir: str | os.PathLike) -> nn.Module:
     cls = getattr(transformers, archs[0], None) if archs else None
     if cls is None or not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
         cls = transformers.AutoModel
-    return cls.from_pretrained(str(model_dir)).eval()
+    with quiet_loading():
+        return cls.from_pretrained(str(model_dir)).eval()
 
 
 def check_tokenizer_fits(model_dir: str | os.PathLike) -> int | None:

@@ -1,0 +1,209 @@
+"""A latency budget in, the student shapes that meet it out, measured on the machine that will serve them.
+
+AutoTinyBERT (Yin et al., 2021) searches sub-architectures under a speedup constraint with a latency *predictor*
+trained on CPU timings; here every candidate is *timed* instead, on random weights (the weights do not change the
+time of a forward pass), interleaved with the teacher as the reference (`distillery.efficiency.latency`: warm-up,
+alternating order, median of the repetitions), so the figure is the one of this CPU, these threads and this
+runtime.
+
+Candidates are students of the teacher's architecture that are shallower and/or narrower: depth x width (the
+teacher's head size kept, so the head count follows the width, as structured pruning of heads leaves it) x FFN
+size (the teacher's FFN/width ratio times each of ``ffn_ratios``), each in every deployed form the machine serves:
+``fp32`` and ``bf16`` (PyTorch; bf16 only where `distillery.precision` says it is fast) and ``int8`` (dynamic
+quantisation through ONNX Runtime, `distillery.efficiency.export`). A budget is a speedup over the fp32 teacher
+and/or a latency in milliseconds, at one batch size and sequence length.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from distillery.errors import UserError
+from distillery.models import Dims
+
+FORMS = ("fp32", "bf16", "int8")
+
+#: (models to time: name -> nn.Module or ONNX session, precisions: name -> "bf16" for the modules timed under bf16
+#: autocast) -> median milliseconds per batch of every name. The default times them (`measure_latency`); a test
+#: passes a fake clock.
+Timer = Callable[[Mapping[str, Any], Mapping[str, str]], Mapping[str, float]]
+
+
+class BudgetError(UserError, ValueError):
+    """No candidate meets the budget, or the budget itself is malformed."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """At most ``latency_ms`` per batch and/or at least ``speedup`` times faster than the fp32 teacher, measured at
+    ``batch`` x ``seq_len``."""
+
+    speedup: float | None = None
+    latency_ms: float | None = None
+    batch: int = 1
+    seq_len: int = 128
+
+    def __post_init__(self) -> None:
+        if self.speedup is None and self.latency_ms is None:
+            raise BudgetError("a budget needs speedup (over the teacher) or latency_ms")
+        if (self.speedup is not None and self.speedup <= 0) or (self.latency_ms is not None and self.latency_ms <= 0):
+            raise BudgetError(f"budget: speedup and latency_ms must be > 0, got {self.speedup}, {self.latency_ms}")
+        if self.batch < 1 or self.seq_len < 1:
+            raise BudgetError(f"budget: batch and seq_len must be >= 1, got {self.batch}, {self.seq_len}")
+
+    def limit_ms(self, teacher_ms: float) -> float:
+        """The largest latency that meets every bound, given the teacher's."""
+        limits = [teacher_ms / self.speedup] if self.speedup is not None else []
+        if self.latency_ms is not None:
+            limits.append(self.latency_ms)
+        return min(limits)
+
+    def describe(self) -> str:
+        parts = ([f"speedup >= {self.speedup:g}x over the fp32 teacher"] if self.speedup is not None else []) + (
+            [f"latency <= {self.latency_ms:g} ms"] if self.latency_ms is not None else [])
+        return f"{' and '.join(parts)} at batch {self.batch}, length {self.seq_len}"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One student shape in one deployed form."""
+
+    layers: int
+    hidden: int
+    heads: int
+    intermediate: int
+    form: str = "fp32"
+
+    @property
+    def shape(self) -> dict[str, int]:
+        """The ``shape`` of a student in params."""
+        return {"layers": self.layers, "hidden": self.hidden, "heads": self.heads, "intermediate": self.intermediate}
+
+    @property
+    def shape_name(self) -> str:
+        return f"{self.layers}x{self.hidden}-h{self.heads}-f{self.intermediate}"
+
+    @property
+    def name(self) -> str:
+        return f"{self.shape_name}-{self.form}"
+
+
+@dataclass(frozen=True)
+class Timed:
+    """A candidate's measured median latency and its speedup over the fp32 teacher."""
+
+    candidate: Candidate
+    ms: float
+    speedup: float
+
+
+def candidates(teacher: Dims, *, depths: Iterable[int] | None = None, width_fractions: Sequence[float] = (1, .75, .5),
+               ffn_ratios: Sequence[float] = (1.0, 0.5), forms: Sequence[str] = FORMS) -> list[Candidate]:
+    """Every depth x width x FFN x form, shallower or narrower than the teacher (never the teacher's own shape).
+
+    ``depths``: default 1 .. teacher layers. ``width_fractions``: of the teacher's heads, rounded to whole heads of
+    the teacher's head size. ``ffn_ratios``: of the teacher's FFN/width ratio."""
+    bad = [f for f in forms if f not in FORMS]
+    if bad:
+        raise BudgetError(f"unknown deployed form(s) {bad}; known: {', '.join(FORMS)}")
+    head_size = teacher.hidden // teacher.heads
+    ratio = teacher.intermediate / teacher.hidden
+    depths = sorted(set(depths)) if depths is not None else list(range(1, teacher.layers + 1))
+    if not depths or min(depths) < 1 or max(depths) > teacher.layers:
+        raise BudgetError(f"search depths must lie in 1..{teacher.layers} (the teacher's), got {depths}")
+    heads = sorted({max(1, round(teacher.heads * f)) for f in width_fractions if 0 < f <= 1}, reverse=True)
+    if not heads:
+        raise BudgetError(f"width fractions must lie in (0, 1], got {list(width_fractions)}")
+    out = []
+    for n_layers in depths:
+        for h in heads:
+            hidden = h * head_size
+            for inter in sorted({max(1, round(ratio * hidden * r)) for r in ffn_ratios if 0 < r <= 1}, reverse=True):
+                if (n_layers, hidden, inter) == (teacher.layers, teacher.hidden, teacher.intermediate):
+                    continue
+                out += [Candidate(n_layers, hidden, h, inter, form) for form in forms]
+    return out
+
+
+def _models(teacher, shapes: Iterable[Candidate], workdir: Path) -> tuple[dict, dict]:
+    """name -> a random-weight model (or ONNX int8 session) of every candidate, and the bf16 names."""
+    from distillery.efficiency.export import OnnxModel, export_onnx, quantize_onnx
+    from distillery.models import build_student
+
+    models: dict[str, Any] = {"teacher": teacher}
+    precisions: dict[str, str] = {}
+    built: dict[str, Any] = {}
+    for c in shapes:
+        if c.shape_name not in built:
+            built[c.shape_name] = build_student(c.shape, None, head="sequence-classification",
+                                                base=teacher.config).eval()
+        model = built[c.shape_name]
+        if c.form == "int8":
+            fp32 = workdir / f"{c.shape_name}.onnx"
+            if not fp32.exists():
+                export_onnx(model, fp32, check=False)
+            int8 = quantize_onnx(fp32, workdir / f"{c.shape_name}-int8.onnx")
+            models[c.name] = OnnxModel(int8, vocab_size=model.config.vocab_size)
+        else:
+            models[c.name] = model
+            if c.form == "bf16":
+                precisions[c.name] = "bf16"
+    return models, precisions
+
+
+def measured_timer(budget: Budget, *, reps: int = 10, warmup: int = 2, calls: int = 3) -> Timer:
+    """The real clock: every model interleaved with the others (`measure_latency`), median ms per batch."""
+    from distillery.efficiency.latency import measure_latency
+
+    def timer(models: Mapping[str, Any], precisions: Mapping[str, str]) -> dict[str, float]:
+        res = measure_latency(models, batch=budget.batch, seq_len=budget.seq_len, reps=reps, warmup=warmup,
+                              reference="teacher", device="cpu", calls=calls, precisions=precisions)
+        return {name: r.median_ms for name, r in res.items()}
+
+    return timer
+
+
+def time_candidates(teacher, cands: Sequence[Candidate], budget: Budget, *, timer: Timer | None = None,
+                    workdir: str | Path | None = None) -> tuple[float, list[Timed]]:
+    """(the fp32 teacher's median ms, every candidate timed), fastest first. ``teacher``: the teacher model (its
+    config gives the students' architecture; its weights are timed as they are). Forms the machine cannot serve
+    (bf16 without fast bf16) must have been left out of ``cands`` (`available_forms`)."""
+    if not cands:
+        raise BudgetError("no candidate shapes to time")
+    timer = timer or measured_timer(budget)
+    with tempfile.TemporaryDirectory(prefix="distillery-budget-") as tmp:
+        models, precisions = _models(teacher, cands, Path(workdir or tmp))
+        ms = timer(models, precisions)
+    teacher_ms = float(ms["teacher"])
+    timed = [Timed(c, float(ms[c.name]), teacher_ms / float(ms[c.name])) for c in cands]
+    return teacher_ms, sorted(timed, key=lambda t: t.ms)
+
+
+def available_forms(device: str = "cpu") -> tuple[str, ...]:
+    """The deployed forms this machine serves: bf16 only where `distillery.precision` finds it fast."""
+    from distillery.precision import bf16_supported
+
+    return tuple(f for f in FORMS if f != "bf16" or bf16_supported(device))
+
+
+def within_budget(timed: Sequence[Timed], teacher_ms: float, budget: Budget) -> list[Timed]:
+    """The candidates that meet the budget, largest first (most parameters: the best score expected), then fastest.
+    None meets it: one `BudgetError` naming the budget and the fastest candidate's figure."""
+    limit = budget.limit_ms(teacher_ms)
+    keep = [t for t in timed if t.ms <= limit]
+    if not keep:
+        fastest = min(timed, key=lambda t: t.ms)
+        raise BudgetError(
+            f"no candidate meets the budget ({budget.describe()}: <= {limit:.2f} ms, the fp32 teacher "
+            f"{teacher_ms:.2f} ms); the fastest, {fastest.candidate.name}, takes {fastest.ms:.2f} ms "
+            f"({fastest.speedup:.2f}x): loosen the budget or allow smaller shapes")
+    size = {t.candidate: t.candidate.layers * (4 * t.candidate.hidden ** 2 + 2 * t.candidate.hidden
+                                               * t.candidate.intermediate) for t in keep}
+    return sorted(keep, key=lambda t: (-size[t.candidate], t.ms))
+
+
+__all__ = ["Budget", "BudgetError", "Candidate", "FORMS", "Timed", "Timer", "available_forms", "candidates",
+           "measured_timer", "time_candidates", "within_budget"]

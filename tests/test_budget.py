@@ -1,0 +1,112 @@
+"""A latency budget in, the shapes that meet it out (`distillery.efficiency.budget`): the candidate grid, filtering by
+measured latency (a fake clock, then the real one on a tiny teacher), and one clear error when nothing fits."""
+
+from __future__ import annotations
+
+import pytest
+import transformers
+
+from distillery.efficiency.budget import (Budget, BudgetError, Candidate, candidates, time_candidates,
+                                          within_budget)
+from distillery.models import Dims
+
+from helpers import bert_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TEACHER = Dims(6, 384, 12, 1536)
+
+
+def test_candidates_keep_the_teachers_head_size_and_never_its_shape():
+    cands = candidates(TEACHER, forms=("fp32", "int8"))
+    shapes = {c.shape_name for c in cands}
+    assert len(shapes) == 6 * 3 * 2 - 1 and len(cands) == 2 * len(shapes)  # depth x width x FFN, less the teacher's
+    assert all(c.hidden // c.heads == 32 and c.hidden % c.heads == 0 for c in cands)
+    assert {c.hidden for c in cands} == {384, 288, 192}
+    assert {c.intermediate for c in cands if c.hidden == 192} == {768, 384}  # the teacher's 4x, and half of it
+    assert "6x384-h12-f1536" not in shapes and "6x384-h12-f768" in shapes
+    assert Candidate(3, 192, 6, 768, "int8").name == "3x192-h6-f768-int8"
+    with pytest.raises(BudgetError, match="unknown deployed form"):
+        candidates(TEACHER, forms=("fp16",))
+    with pytest.raises(BudgetError, match=r"depths must lie in 1..6"):
+        candidates(TEACHER, depths=[7])
+
+
+def fake_clock(per_layer_ms: dict[str, float]):
+    """ms = layers x width/32 x the form's per-layer cost; the teacher (4 x 32) 60 ms."""
+    def timer(models, precisions):
+        out = {"teacher": 60.0}
+        for name in models:
+            if name == "teacher":
+                continue
+            shape, form = name.rsplit("-", 1)
+            layers, hidden = (int(v) for v in shape.split("-")[0].split("x"))
+            assert (precisions.get(name) == "bf16") == (form == "bf16")
+            out[name] = layers * hidden / 32 * per_layer_ms[form]
+        return out
+
+    return timer
+
+
+def tiny_teacher():
+    return transformers.BertForSequenceClassification(bert_config(100, 4, hidden=32, heads=4, inter=64)).eval()
+
+
+def test_the_budget_keeps_the_candidates_the_clock_puts_under_it():
+    teacher = tiny_teacher()
+    cands = candidates(Dims.of_config(teacher.config), depths=[1, 2, 3], forms=("fp32", "bf16", "int8"))
+    budget = Budget(speedup=3)
+    teacher_ms, timed = time_candidates(teacher, cands, budget, timer=fake_clock({"fp32": 10, "bf16": 5, "int8": 4}))
+    assert teacher_ms == 60 and [t.ms for t in timed] == sorted(t.ms for t in timed)
+    keep = within_budget(timed, teacher_ms, budget)
+    assert keep and all(t.ms <= 20 for t in keep)
+    assert {t.candidate.name for t in timed if t.ms <= 20} == {t.candidate.name for t in keep}
+    # the largest shape first: 3 layers x 32 wide fits only in int8 (3 x 4 = 12 ms) or bf16 (15 ms), int8 faster
+    assert keep[0].candidate.name == "3x32-h4-f64-int8" and keep[0].speedup == pytest.approx(5.0)
+    assert not any(t.candidate.layers == 3 and t.candidate.hidden == 32 and t.candidate.form == "fp32" for t in keep)
+    # a latency bound tighter than the speedup wins
+    assert all(t.ms <= 6 for t in within_budget(timed, teacher_ms, Budget(speedup=3, latency_ms=6)))
+
+
+def test_a_budget_no_candidate_meets_names_the_budget_and_the_fastest():
+    teacher = tiny_teacher()
+    cands = candidates(Dims.of_config(teacher.config), depths=[2, 3], forms=("fp32",))
+    teacher_ms, timed = time_candidates(teacher, cands, Budget(speedup=20), timer=fake_clock({"fp32": 10}))
+    with pytest.raises(BudgetError) as err:
+        within_budget(timed, teacher_ms, Budget(speedup=20))
+    msg = str(err.value)
+    assert "speedup >= 20x over the fp32 teacher at batch 1, length 128" in msg and "<= 3.00 ms" in msg, msg
+    assert "the fastest, 2x16-h2-f32-fp32, takes 10.00 ms (6.00x)" in msg and "\n" not in msg, msg
+    for bad in ({}, {"speedup": 0}, {"latency_ms": -1}, {"speedup": 2, "batch": 0}):
+        with pytest.raises(BudgetError):
+            Budget(**bad)
+
+
+def test_the_real_clock_times_every_form_of_random_weight_students(tmp_path):
+    teacher = tiny_teacher()
+    cands = candidates(Dims.of_config(teacher.config), depths=[1], width_fractions=(1,), ffn_ratios=(1,),
+                       forms=("fp32", "bf16", "int8"))
+    budget = Budget(latency_ms=1e6, seq_len=16)
+    teacher_ms, timed = time_candidates(teacher, cands, budget, workdir=tmp_path)
+    assert teacher_ms > 0 and {t.candidate.form for t in timed} == {"fp32", "bf16", "int8"}
+    assert all(t.ms > 0 and t.speedup == pytest.approx(teacher_ms / t.ms) for t in timed)
+    assert (tmp_path / "1x32-h4-f64-int8.onnx").is_file()
+    assert len(within_budget(timed, teacher_ms, budget)) == 3
+
+
+def test_the_budget_command_prints_the_shapes_that_meet_it_and_refuses_an_impossible_one(tmp_path, capsys):
+    from distillery.cli import main as cli
+
+    teacher = tiny_teacher()
+    teacher.save_pretrained(tmp_path / "teacher")
+    argv = ["budget", str(tmp_path / "teacher"), "--depths", "1,2", "--forms", "fp32,int8", "--seq", "16"]
+    assert cli(argv + ["--speedup", "1.2", "--json", str(tmp_path / "shapes.json")]) == 0
+    out = capsys.readouterr().out
+    assert "fp32 teacher:" in out and "| candidate | layers |" in out and "-int8 |" in out, out
+    import json
+
+    rows = json.loads((tmp_path / "shapes.json").read_text())["candidates"]
+    assert len(rows) == 2 * 6 * 2 and any(r["meets_budget"] for r in rows.values())  # depths x shapes x forms
+    assert cli(argv + ["--speedup", "1000"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("error: no candidate meets the budget (speedup >= 1000x"), err
