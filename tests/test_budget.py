@@ -107,6 +107,6 @@ def test_the_budget_command_prints_the_shapes_that_meet_it_and_refuses_an_imposs
 
     rows = json.loads((tmp_path / "shapes.json").read_text())["candidates"]
     assert len(rows) == 2 * 6 * 2 and any(r["meets_budget"] for r in rows.values())  # depths x shapes x forms
-    assert cli(argv + ["--speedup", "1000"]) == 2
+    assert cli(argv + ["--speedup", "1000", "--json", str(tmp_path / "shapes.json")]) == 2  # its own file: kept
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and err[0].startswith("error: no candidate meets the budget (speedup >= 1000x"), err

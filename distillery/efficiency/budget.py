@@ -93,11 +93,12 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Timed:
-    """A candidate's measured median latency and its speedup over the fp32 teacher."""
+    """A candidate's measured median latency, its speedup over the fp32 teacher and its parameter count."""
 
     candidate: Candidate
     ms: float
     speedup: float
+    params: int
 
 
 def candidates(teacher: Dims, *, depths: Iterable[int] | None = None, width_fractions: Sequence[float] = (1, .75, .5),
@@ -128,10 +129,11 @@ def candidates(teacher: Dims, *, depths: Iterable[int] | None = None, width_frac
     return out
 
 
-def _models(teacher, shapes: Iterable[Candidate], workdir: Path) -> tuple[dict, dict]:
-    """name -> a random-weight model (or ONNX int8 session) of every candidate, and the bf16 names."""
+def _models(teacher, shapes: Iterable[Candidate], workdir: Path) -> tuple[dict, dict, dict]:
+    """name -> a random-weight model (or ONNX int8 session) of every candidate, the bf16 names, and shape name ->
+    parameter count."""
     from distillery.efficiency.export import OnnxModel, export_onnx, quantize_onnx
-    from distillery.models import build_student
+    from distillery.models import build_student, num_parameters
 
     models: dict[str, Any] = {"teacher": teacher}
     precisions: dict[str, str] = {}
@@ -151,7 +153,7 @@ def _models(teacher, shapes: Iterable[Candidate], workdir: Path) -> tuple[dict, 
             models[c.name] = model
             if c.form == "bf16":
                 precisions[c.name] = "bf16"
-    return models, precisions
+    return models, precisions, {name: num_parameters(model) for name, model in built.items()}
 
 
 def measured_timer(budget: Budget, *, reps: int = 10, warmup: int = 2, calls: int = 3) -> Timer:
@@ -175,10 +177,10 @@ def time_candidates(teacher, cands: Sequence[Candidate], budget: Budget, *, time
         raise BudgetError("no candidate shapes to time")
     timer = timer or measured_timer(budget)
     with tempfile.TemporaryDirectory(prefix="distillery-budget-") as tmp:
-        models, precisions = _models(teacher, cands, Path(workdir or tmp))
+        models, precisions, params = _models(teacher, cands, Path(workdir or tmp))
         ms = timer(models, precisions)
     teacher_ms = float(ms["teacher"])
-    timed = [Timed(c, float(ms[c.name]), teacher_ms / float(ms[c.name])) for c in cands]
+    timed = [Timed(c, float(ms[c.name]), teacher_ms / float(ms[c.name]), params[c.shape_name]) for c in cands]
     return teacher_ms, sorted(timed, key=lambda t: t.ms)
 
 
@@ -200,9 +202,7 @@ def within_budget(timed: Sequence[Timed], teacher_ms: float, budget: Budget) -> 
             f"no candidate meets the budget ({budget.describe()}: <= {limit:.2f} ms, the fp32 teacher "
             f"{teacher_ms:.2f} ms); the fastest, {fastest.candidate.name}, takes {fastest.ms:.2f} ms "
             f"({fastest.speedup:.2f}x): loosen the budget or allow smaller shapes")
-    size = {t.candidate: t.candidate.layers * (4 * t.candidate.hidden ** 2 + 2 * t.candidate.hidden
-                                               * t.candidate.intermediate) for t in keep}
-    return sorted(keep, key=lambda t: (-size[t.candidate], t.ms))
+    return sorted(keep, key=lambda t: (-t.params, t.ms))
 
 
 __all__ = ["Budget", "BudgetError", "Candidate", "FORMS", "Timed", "Timer", "available_forms", "candidates",

@@ -137,20 +137,30 @@ def _speed(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_results_file(path: Path) -> None:
-    """`speed --json` replaces only an earlier results file of its own (a JSON object of per-model rows)."""
+def _speed_rows(data) -> bool:
+    """A results file of `speed`: a JSON object of per-model rows."""
+    return isinstance(data, dict) and bool(data) and all(isinstance(r, dict) and "median_ms" in r
+                                                         for r in data.values())
+
+
+def _budget_rows(data) -> bool:
+    """A results file of `budget`: the teacher's time and every candidate's row."""
+    return isinstance(data, dict) and "teacher_ms" in data and isinstance(data.get("candidates"), dict)
+
+
+def check_results_file(path: Path, command: str = "speed", ours=_speed_rows) -> None:
+    """`speed --json` / `budget --json` replace only an earlier results file of their own (``ours(data)``)."""
     if path.is_dir():
-        raise OutputExistsError(f"speed: --json {path} is a directory; give a file path")
+        raise OutputExistsError(f"{command}: --json {path} is a directory; give a file path")
     if not path.exists():
         return
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        ours = isinstance(data, dict) and data and all(isinstance(r, dict) and "median_ms" in r for r in data.values())
+        mine = ours(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError):
-        ours = False
-    if not ours:
-        raise OutputExistsError(f"speed: --json {path} exists and is not a results file of `distillery speed`; it "
-                                "is left as it is: give another path")
+        mine = False
+    if not mine:
+        raise OutputExistsError(f"{command}: --json {path} exists and is not a results file of `distillery "
+                                f"{command}`; it is left as it is: give another path")
 
 
 def _budget(args: argparse.Namespace) -> int:
@@ -162,16 +172,16 @@ def _budget(args: argparse.Namespace) -> int:
     from distillery.models import Dims
 
     if args.json:
-        check_results_file(Path(args.json))
+        check_results_file(Path(args.json), "budget", _budget_rows)
     budget = Budget(speedup=args.speedup, latency_ms=args.latency_ms, batch=args.batch, seq_len=args.seq)
     check_saved_model(args.teacher)
     teacher = load_model_for_export(args.teacher)
-    if Dims.of_config(teacher.config).arch not in ("bert",):
-        raise BudgetError(f"budget: {args.teacher} is a {teacher.config.model_type} model; the shape search builds "
-                          "bert students")
+    dims = Dims.of_config(teacher.config)
+    if dims.arch != "bert":
+        raise BudgetError(f"budget: {args.teacher} is a {dims.arch} model; the shape search builds bert students")
     forms = [f for f in args.forms.split(",") if f] if args.forms else list(available_forms())
     depths = [int(d) for d in args.depths.split(",")] if args.depths else None
-    cands = candidates(Dims.of_config(teacher.config), depths=depths, forms=forms)
+    cands = candidates(dims, depths=depths, forms=forms)
     print(f"timing the teacher and {len(cands)} candidates ({budget.describe()}) ...", flush=True)
     teacher_ms, timed = time_candidates(teacher, cands, budget)
     keep = within_budget(timed, teacher_ms, budget)
@@ -185,7 +195,7 @@ def _budget(args: argparse.Namespace) -> int:
               f"{t.speedup:.2f}x |")
     if args.json:
         write_json(args.json, {"teacher_ms": teacher_ms, "budget": budget.describe(),
-                               "candidates": {t.candidate.name: {"ms": t.ms, "speedup": t.speedup,
+                               "candidates": {t.candidate.name: {"ms": t.ms, "speedup": t.speedup, "params": t.params,
                                                                  "shape": t.candidate.shape, "form": t.candidate.form,
                                                                  "meets_budget": t in keep} for t in timed}})
     return 0
