@@ -306,3 +306,35 @@ def test_student_dropout_reaches_the_task_stage_students(tok):
     _, model = start(data)
     assert {m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)} == {0.0}
     assert model.config.hidden_dropout_prob == model.config.attention_probs_dropout_prob == 0.0
+
+
+@pytest.mark.parametrize("tuned, distilled, kept", [(0.85, 0.83, "grid"), (0.83, 0.85, "grid-distill"),
+                                                     (0.84, 0.84, "grid-distill")])
+def test_the_extra_step_is_kept_only_when_it_is_not_worse_on_dev(monkeypatch, tmp_path, tuned, distilled, kept):
+    """`task_distillation: true`: the extra step's runs join the fine-tuning grid's candidates; the student is the
+    better on dev (a tie keeps the extra step), so an extra step that hurts on dev (DistilBERT on SST-2: 84.9 -> 83.6)
+    no longer replaces the fine-tuned student."""
+    from types import SimpleNamespace
+
+    from distillery.recipes import base
+    from distillery.training.grid import GridResult
+
+    def result(folder, main):
+        run = {"name": "lr0.0001-bs32", "main": main, "model_dir": str(tmp_path / folder / "model")}
+        return GridResult(best_dir=tmp_path / folder / "model", best=run, results=[run])
+
+    started = []
+    monkeypatch.setattr(base, "task_student", lambda recipe, ctx: "start")
+    monkeypatch.setattr(base, "finetune_grid", lambda ctx, student, out: result(out.name, tuned))
+
+    def prediction(recipe, ctx, student, out):
+        started.append(student())
+        return result(out.name, distilled)
+
+    monkeypatch.setattr(base, "prediction_stage", prediction)
+    ctx = SimpleNamespace(out=tmp_path, load=lambda path: path)
+    recipe = parse_params({**demo(), "students": {"d": {**demo()["students"]["distilbert-demo"],
+                                                         "task_distillation": True}}}).students["d"]
+    grid, curve = recipe.task_stage(ctx)
+    assert started == [tmp_path / "grid" / "model"]  # the extra step starts from the best fine-tuned run
+    assert grid.best_dir == tmp_path / kept / "model" and curve is None

@@ -474,12 +474,15 @@ class Recipe(Section):
     def task_stage(self, ctx: TaskContext):
         """Fine-tuning over the grid on the gold labels (MiniLM, DistilBERT, MobileBERT), then, with
         ``task_distillation``, prediction-layer distillation of the best fine-tuned run over the grid
-        ``task_distillation.prediction``. Every recipe returns (the GridResult whose best run becomes the student, the
-        training curve to report or None for the best run's)."""
+        ``task_distillation.prediction``; the student is the better of the two on dev (the extra step's runs join the
+        grid's candidates: the same selection on dev the grid makes among its own runs; a tie keeps the extra step).
+        Every recipe returns (the GridResult whose best run becomes the student, the training curve to report or None
+        for the best run's)."""
         grid = finetune_grid(ctx, task_student(self, ctx), ctx.out / "grid")
         if self.task_distillation:
             best = grid.best_dir
-            grid = prediction_stage(self, ctx, lambda: ctx.load(best), ctx.out / "grid-distill")
+            distilled = prediction_stage(self, ctx, lambda: ctx.load(best), ctx.out / "grid-distill")
+            grid = max((distilled, grid), key=lambda g: g.best["main"])
         return grid, None
 
     def direct_stage(self, ctx: TaskContext):
