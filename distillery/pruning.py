@@ -123,7 +123,8 @@ def prune_teacher(teacher, layers: Sequence[int], *, hidden: int, heads: int, in
     """A student of `len(layers)` layers, `hidden` channels, `heads` heads and `intermediate` FFN neurons whose
     weights are the teacher's most important slices. `head` ("base", "sequence-classification", ... as
     `distillery.models.load_model`): the student's head, None for the teacher's; a head the teacher lacks starts as
-    initialised."""
+    initialised. The student carries ``kept_channels`` (the teacher's hidden channels it keeps, in order; not saved)
+    for a distillation projection to start as their selection (``HiddenProjection.selecting``)."""
     cfg = teacher.config
     d, h, f = cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size
     dh = d // h
@@ -167,6 +168,7 @@ def prune_teacher(teacher, layers: Sequence[int], *, hidden: int, heads: int, in
                                f"needs {tuple(value.shape)}")
         out[key] = sliced.clone()
     student.load_state_dict(out)
+    student.kept_channels = ch
     return student.train(teacher.training)
 
 

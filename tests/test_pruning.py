@@ -137,3 +137,48 @@ def test_a_recipe_starts_its_student_pruned_from_the_teacher(tmp_path):
         recipe.start_student(t, tok, head="base")
     assert RECIPES["pkd"](shape={"layers": 2, "hidden": 32, "heads": 4, "intermediate": 32},
                      init="pruned").init.kind == "pruned"
+
+
+def test_a_pruned_students_projection_starts_as_the_selection_of_its_channels():
+    """TinyBERT's W_h for a student pruned from the teacher starts as the selection of its kept channels (CoFi's
+    identity start): kept channel j lands on teacher channel kept[j], the others on zero. Nothing pruned: W_h is
+    the identity and the hidden loss starts at 0 (float64); pruned: it starts below a fresh W_h's."""
+    from distillery.objectives.tinybert import HiddenProjection, hidden_loss
+    from distillery.recipes import TinyBertRecipe
+
+    t = teacher()
+    imp = measure_importance(t, batches(), [0, 1, 2])
+    b = batches(1, seed=5)[0]
+
+    def start_loss(student, proj):
+        with torch.no_grad():
+            hs = student(**b, output_hidden_states=True).hidden_states
+            ht = t(**b, output_hidden_states=True).hidden_states
+            n = len(hs) - 1
+            pairs = [(i, i * (len(ht) - 1) // n) for i in range(n + 1)]
+            return float(hidden_loss([hs[i] for i, _ in pairs], [ht[j] for _, j in pairs], proj,
+                                     attention_mask=b["attention_mask"]))
+
+    recipe = TinyBertRecipe(shape={"layers": 3, "hidden": 16, "heads": 2, "intermediate": 32}, init="pruned",
+                            objectives={"attention_loss": 0.0, "hidden_loss": 1.0, "embedding_loss": 1.0})
+    same = prune_teacher(t, [0, 1, 2], hidden=32, heads=4, intermediate=64, importance=imp)
+    identity = recipe.pruned_projection(same, t).double()
+    assert torch.equal(identity.layers[0].weight, torch.eye(32, dtype=torch.float64))
+    assert start_loss(same, identity) == 0.0
+
+    narrow = prune_teacher(t, [0, 1, 2], hidden=16, heads=2, intermediate=32, importance=imp)
+    kept = narrow.kept_channels
+    proj = recipe.pruned_projection(narrow, t).double()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    y = proj(x)
+    assert torch.equal(y[..., kept], x)
+    assert not y[..., [c for c in range(32) if c not in set(kept.tolist())]].any()
+    torch.manual_seed(0)
+    fresh = HiddenProjection(16, 32).double()
+    assert start_loss(narrow, proj) < start_loss(narrow, fresh)
+    assert recipe.pruned_projection(t, t) is None  # a student not pruned: a fresh W_h
+    per_layer = TinyBertRecipe(shape={"layers": 3, "hidden": 16, "heads": 2, "intermediate": 32}, init="pruned",
+                               per_layer_projection=True).pruned_projection(narrow, t)
+    assert per_layer.n_states == 4 and all(torch.equal(m.weight, proj.layers[0].weight.float()) for m in per_layer.layers)
+    with pytest.raises(ValueError, match="distinct teacher channels"):
+        HiddenProjection.selecting(torch.tensor([0, 0]), 32)

@@ -100,6 +100,24 @@ class HiddenProjection(nn.Module):
         self.n_states = 1 if shared else n_states
         self.layers = nn.ModuleList(nn.Linear(d_student, d_teacher) for _ in range(self.n_states))
 
+    @classmethod
+    def selecting(cls, channels: Tensor, d_teacher: int, n_states: int = 1, shared: bool = True) -> "HiddenProjection":
+        """A projection that starts as the selection of a student pruned from the teacher: student channel j goes to
+        teacher channel ``channels[j]``, the teacher's other channels to zero (bias zero). For a structurally pruned
+        student the mapped states then start as the teacher's on the kept channels, and the loss first teaches the
+        projection the dropped ones instead of moving the student (CoFi, Xia et al., 2022, Sec. 3.3: the layer-wise
+        distillation's transformation starts as the identity)."""
+        channels = torch.as_tensor(channels, dtype=torch.long)
+        proj = cls(len(channels), d_teacher, n_states, shared)
+        if len(set(channels.tolist())) != len(channels) or not all(0 <= int(c) < d_teacher for c in channels):
+            raise ValueError(f"HiddenProjection.selecting: channels must be distinct teacher channels < {d_teacher}")
+        with torch.no_grad():
+            for layer in proj.layers:
+                layer.weight.zero_()
+                layer.bias.zero_()
+                layer.weight[channels, torch.arange(len(channels))] = 1.0
+        return proj
+
     def forward(self, x: Tensor, index: int = 0) -> Tensor:
         if self.shared:
             return self.layers[0](x)

@@ -83,6 +83,18 @@ class TinyBertRecipe(Recipe):
         except LayerMapError as exc:
             raise RecipeError(f"{key}.layer_map: {exc}") from None
 
+    def pruned_projection(self, student, teacher):
+        """W_h for a student pruned from the teacher (``init: pruned``): the selection of its kept channels (CoFi's
+        identity start), one per mapped state with ``per_layer_projection``; None (a fresh W_h) for other students."""
+        channels = getattr(student, "kept_channels", None)
+        if channels is None:
+            return None
+        from distillery.models import hidden_size, num_layers
+        from distillery.objectives.tinybert import HiddenProjection
+
+        n_states = max(1, len(self.map_layers(num_layers(student), num_layers(teacher)).hidden))
+        return HiddenProjection.selecting(channels, hidden_size(teacher), n_states, shared=not self.per_layer_projection)
+
     def task_stage(self, ctx: TaskContext):
         """Step 1 (intermediate layers on the augmented set, continuing the general student's projection), then
         step 2 (prediction layer over the grid; teacher logits computed once and reused by every run)."""
@@ -98,7 +110,8 @@ class TinyBertRecipe(Recipe):
         if not (step1 / "config.json").is_file():  # else finished before an interruption, under this stage key
             model = start()
             train, _ = ctx.data(augmented)
-            spec = self.layer_wise_spec(num_layers(model), num_layers(ctx.teacher), projection=ctx.general)
+            spec = self.layer_wise_spec(num_layers(model), num_layers(ctx.teacher),
+                                        projection=ctx.general or self.pruned_projection(model, ctx.teacher))
             step1 = distill(ctx.teacher, model, spec, TrainRun(ctx.out / "intermediate", train, tokenizer=ctx.tokenizer,
                                                                 args=ctx.train_args(ctx.sections.intermediate)))
         # (step 1's saved config carries task_distillation.student_dropout, so the reload keeps it)
