@@ -1,133 +1,14 @@
-"""A task of your own over its life: its champion served over HTTP; each later run compares itself with the last
-(reports/changes.md, one console line), re-runs only what changed, and promotes a challenger only over a champion
-measured on the same dev data; a teacher from the MLflow registry by alias."""
+"""Inputs that can change, fingerprinted: a teacher from the MLflow registry by alias, a Hub teacher by the revision
+it resolves to. (A task of your own over its life, run by a Prefect worker, its champion served over HTTP, each run's
+change report and the fair promotion: tests/test_scale_out.py.)"""
 
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
-from helpers import ONE_STUDENT, make_project, reviews, run, stage_lines
-
-
-def _changes(project) -> str:
-    return (project / "reports" / "changes.md").read_text()
-
-
-def _line(console: str) -> str:
-    return next(line for line in stage_lines(console) if line.startswith("changes: "))
-
-
-@pytest.fixture(scope="module")
-def project(tmp_path_factory):
-    """A task of your own (the demo task as a CSV with string labels) through one run: (project, its console)."""
-    tmp = tmp_path_factory.mktemp("changes")
-    (tmp / "reviews").mkdir()
-    params = {**ONE_STUDENT,  # augmentation on: a task of your own is augmented as a GLUE one
-              "data": {**ONE_STUDENT["data"], "tasks": ["reviews"], "custom": {"reviews": reviews(tmp / "reviews")}}}
-    project = make_project(tmp / "project", params, dvc_yaml=False)
-    return project, run([sys.executable, "-m", "flows.stage", "all"], project).stdout
-
-
-def _registry(project) -> dict:
-    return json.loads((project / "metrics" / "registry" / "micro-reviews.json").read_text())
-
-
-@pytest.mark.xdist_group("changes")
-def test_a_custom_tasks_champion_answers_a_raw_text_with_a_label_name_over_http(project):
-    """A task of your own (a CSV with string labels) through the pipeline to the registry; `mlflow models serve` of
-    its champion on 127.0.0.1 answers a raw sentence with one of the task's label names."""
-    import os
-    import signal
-    import socket
-    import subprocess
-    import time
-
-    import httpx
-
-    from helpers import env_for
-
-    project, _ = project
-    # no direct baseline here: the first version is the champion (and stays it through the other test's runs)
-    assert _registry(project)["champion"]["version"] == 1
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**env_for(project), "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}"}
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/micro-reviews@champion",
-                               "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)], cwd=project, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert server.poll() is None, server.stderr.read()[-3000:]
-            assert time.monotonic() < deadline, "mlflow models serve did not answer /ping in 3 minutes"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/ping", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        answer = httpx.post(f"http://127.0.0.1:{port}/invocations", timeout=60,
-                            json={"dataframe_records": [{"text": "the movie was truly wonderful"},
-                                                        {"text": "the plot was awful"}]})
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
-    assert answer.status_code == 200, answer.text
-    predictions = answer.json()["predictions"]
-    assert len(predictions) == 2 and all(p["label"] in ("pan", "praise") and 0.0 <= p["score"] <= 1.0
-                                         for p in predictions), predictions
-
-
-@pytest.mark.xdist_group("changes")
-def test_a_run_says_what_changed_reruns_only_that_and_compares_champions_on_the_same_data(project):
-    project, first = project
-    all_ = [sys.executable, "-m", "flows.stage", "all"]
-    assert _line(first).startswith("changes: First run")
-    augmented = (project / "data" / "augmented" / "reviews.tsv").read_text().splitlines()
-    # ONE_STUDENT augments its first 40 training rows: they and their variants
-    assert len(augmented) - 1 > 40 and "augment[reviews]: done in" in first
-    assert _registry(project)["alias"] == "champion"
-
-    # (a) nothing changed: every stage cached, one line says so
-    again = run(all_, project).stdout
-    assert _line(again).startswith("changes: No change since the last run")
-    assert "started" not in again and _changes(project).count("\n") <= 3
-
-    # (b) rows appended to the training file: that task's stages run again; the report says what and how much
-    train = project.parent / "reviews" / "train.csv"
-    lines = train.read_text().splitlines()
-    train.write_text("\n".join(lines + ["the script was truly wonderful,praise", "the acting was dull,pan",
-                                        "the ending felt so lovely,praise"]) + "\n")
-    changed = run(all_, project).stdout
-    assert _line(changed) == "changes: reports/changes.md (inputs, rows, params, stages, champions)"
-    report = _changes(project)
-    assert "`reviews` train: 3 rows added, 0 removed (200 -> 203)" in report
-    assert f"`{train}`" in report  # the input file, old -> new hash
-    ran = next(line for line in report.splitlines() if line.startswith("- ran ("))
-    assert "prepare_task[reviews]" in ran and "finetune_teacher[reviews]" in ran and "augment[reviews]" in ran
-    assert "prepare_corpus" not in ran and "word_vectors" not in ran
-    assert "| micro-reviews | v1 " in report
-
-    # (c) a challenger that cannot beat the champion by the margin: the champion stays, the version says why
-    params = project / "params.yaml"
-    params.write_text(params.read_text() + "registry: {promote_margin: 1.0}\n")
-    dev = project.parent / "reviews" / "dev.csv"
-    dev.write_text("\n".join(dev.read_text().splitlines()[:-10]) + "\n")  # and the dev split changes
-    run(all_, project)
-    record = _registry(project)
-    assert record["alias"] == "candidate" and not record["promoted"] and record["champion"]["version"] == 1
-    # the old champion was measured on the new dev split before the comparison
-    assert record["reason"].startswith("the task data changed since the champion (version 1) was registered: "
-                                       "re-evaluated on the new dev split")
-    assert "does not beat the champion (version 1)" in record["reason"]
-    report = _changes(project)
-    assert "`reviews` dev: 0 rows added, 10 removed (60 -> 50)" in report
-    assert "`registry.promote_margin`: 0.0 -> 1.0" in report
-    assert "re-evaluated on the new dev split" in report
+from helpers import ONE_STUDENT
 
 
 def test_a_registered_teacher_resolves_to_the_version_its_alias_names(tmp_path, monkeypatch):

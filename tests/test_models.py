@@ -8,7 +8,6 @@ from distillery.models import (
     PAPER_PARAMS_M,
     PRESETS,
     ModelConfigError,
-    StudentShape,
     build_student,
     hidden_size,
     init_from_teacher_layers,

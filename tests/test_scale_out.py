@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import ONE_STUDENT, prefect_database
+from helpers import ONE_STUDENT, prefect_database, reviews
 
 from tasks import provenance
 from tasks.stage import fingerprint
@@ -136,8 +136,11 @@ class Stack:
         shutil.copy(ROOT / "prefect.yaml", self.project)
         # one student, no direct baselines, no ONNX export, a teacher that only has to be no worse than trivial:
         # every kind of stage still runs for real (data, MLM pre-training, fine-tuning, augmentation, both
-        # distillations, evaluation, registry, report)
-        (self.project / "params.yaml").write_text(yaml.safe_dump(ONE_STUDENT))
+        # distillations, evaluation, registry, report), on a task of your own: the demo task as CSV files in the
+        # project (string labels), which the last test changes
+        custom = {**reviews(self.project / "reviews"), "train": "reviews/train.csv", "validation": "reviews/dev.csv"}
+        params = {**ONE_STUDENT, "data": {**ONE_STUDENT["data"], "tasks": ["reviews"], "custom": {"reviews": custom}}}
+        (self.project / "params.yaml").write_text(yaml.safe_dump(params))
         (self.project / ".gitignore").write_text("__pycache__/\n")
         env = clean_env(PYTHONPATH=str(self.project))
         run([sys.executable, "-m", "flows.dvc"], self.project, env)
@@ -211,9 +214,10 @@ def test_deployment_from_prefect_yaml_runs_the_pipeline_on_a_worker(stack):
     # a DAG: each stage waits for the stages whose outputs it reads (Prefect records them), independent ones overlap
     runs = {t["name"]: t for t in stack.first["task_runs"]}  # named like the console: stage[item]
     waits = {name: {i["id"] for i in t["task_inputs"].get("wait_for", [])} for name, t in runs.items()}
-    assert runs["pretrain"]["id"] in waits["finetune_teacher[demo]"], waits
+    assert runs["pretrain"]["id"] in waits["finetune_teacher[reviews]"], waits
     assert runs["pretrain"]["id"] not in waits["word_vectors"], waits
-    assert {runs[n]["id"] for n in ("task_distillation[micro:demo]", "finetune_teacher[demo]")} <= waits["evaluate[demo]"]
+    readers = {runs[n]["id"] for n in ("task_distillation[micro:reviews]", "finetune_teacher[reviews]")}
+    assert readers <= waits["evaluate[reviews]"], waits
 
     def span(name: str) -> tuple[str, str]:
         return runs[name]["start_time"], runs[name]["end_time"]
@@ -222,8 +226,8 @@ def test_deployment_from_prefect_yaml_runs_the_pipeline_on_a_worker(stack):
     print("overlapping task runs:", overlapping)
     assert ("pretrain", "word_vectors") in overlapping, {n: span(n) for n in runs}  # both wait for the corpus only
     summary = json.loads((stack.project / "metrics" / "summary.json").read_text())
-    assert summary["demo"]["micro"]["params"] < summary["demo"]["teacher"]["params"]
-    record = json.loads((stack.project / "metrics" / "registry" / "micro-demo.json").read_text())
+    assert summary["reviews"]["micro"]["params"] < summary["reviews"]["teacher"]["params"]
+    record = json.loads((stack.project / "metrics" / "registry" / "micro-reviews.json").read_text())
     assert record["alias"] == "champion" and record["version"] == 1
 
 
@@ -233,18 +237,18 @@ def test_champion_loads_through_the_mlflow_server(stack):
     assert any(p.name == "MLmodel" for p in stack.artifacts.rglob("MLmodel"))
     code = """
 import json, mlflow
-model = mlflow.pyfunc.load_model("models:/micro-demo@champion")
+model = mlflow.pyfunc.load_model("models:/micro-reviews@champion")
 labels = list(model.predict(["the film was not good", "the music is truly wonderful"])["label"])
 client = mlflow.MlflowClient()
 [run] = mlflow.search_runs(experiment_names=["distillery"], filter_string="attributes.run_name = 'pipeline'",
                            output_format="list")
-version = client.get_model_version_by_alias("micro-demo", "champion")
+version = client.get_model_version_by_alias("micro-reviews", "champion")
 print(json.dumps({"labels": labels, "run": run.data.tags, "version": version.tags,
                   "source": version.source}))
 """
     out = run([sys.executable, "-c", code], stack.project, stack.env, timeout=300).stdout
     got = json.loads(out.strip().splitlines()[-1])
-    assert len(got["labels"]) == 2 and set(got["labels"]) <= {"0", "1"}
+    assert len(got["labels"]) == 2 and set(got["labels"]) <= {"pan", "praise"}
     head = provenance.git_commit(stack.project)
     assert head and got["run"]["git_commit"] == head and got["run"]["git_dirty"] == "false"
     assert "dvc.lock.sha256" not in got["run"]  # no dvc.lock yet
@@ -262,7 +266,7 @@ def test_dvc_remote_round_trip_then_the_deployment_is_all_cache_hits(stack):
 
     outs = sorted({o["path"] for s in provenance.dvc_lock(project).values() for o in s.get("outs") or []
                    if o["path"].startswith(("data/", "models/"))})  # the data and checkpoints
-    assert "models/students/micro-demo/model" in outs and "data/augmented/demo.tsv" in outs
+    assert "models/students/micro-reviews/model" in outs and "data/augmented/reviews.tsv" in outs
     before = {p: fingerprint(project / p) for p in outs}
     for path in ("data", "models"):
         shutil.rmtree(project / path)
@@ -276,6 +280,10 @@ def test_dvc_remote_round_trip_then_the_deployment_is_all_cache_hits(stack):
     states = [t["state"]["name"] for t in second["task_runs"]]
     assert len(states) == 11 and set(states) == {"Cached"}, states
     assert {p.name: p.stat().st_mtime_ns for p in (project / ".prefect" / "stamps").iterdir()} == stamps
+    # continual distillation (a): a worker's run over unchanged inputs retrains nothing and says so in one line
+    assert "changes: No change since the last run" in second["log"], second["log"][-4000:]
+    changes = (project / "reports" / "changes.md").read_text()
+    assert "No change since the last run" in changes and changes.count("\n") <= 3, changes
 
     code = """
 import json, mlflow
@@ -407,6 +415,81 @@ def test_registering_a_teacher_starts_a_run_through_the_deployment_trigger(stack
     with urllib.request.urlopen(f"{stack.mlflow_uri}/api/2.0/mlflow/registered-models/alias?name=tiny-teacher"
                                 "&alias=champion", timeout=30) as r:
         assert json.load(r)["model_version"]["version"] == "1"
+
+
+def test_the_champion_answers_raw_text_with_a_label_name_over_http(stack):
+    """`mlflow models serve` of the task's champion from the MLflow server, on 127.0.0.1: a raw sentence in, one of
+    the task's label names out."""
+    import httpx
+
+    port = free_port()
+    serve = Server([sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/micro-reviews@champion",
+                    "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)], f"http://127.0.0.1:{port}/ping",
+                   stack.env, stack.tmp / "serve.log", stack.project)
+    try:
+        answer = httpx.post(f"http://127.0.0.1:{port}/invocations", timeout=60,
+                            json={"dataframe_records": [{"text": "the movie was truly wonderful"},
+                                                        {"text": "the plot was awful"}]})
+    finally:
+        serve.stop()
+    assert answer.status_code == 200, answer.text
+    predictions = answer.json()["predictions"]
+    assert len(predictions) == 2 and all(p["label"] in ("pan", "praise") and 0.0 <= p["score"] <= 1.0
+                                         for p in predictions), predictions
+
+
+def test_worker_runs_rerun_what_changed_and_keep_a_champion_no_challenger_beats(stack):
+    """Continual distillation through the worker (last: it changes the project's data and params). (b) Rows appended
+    to the task's training file: that task's stages run again, not the corpus's; the report says what and how much.
+    (c) A challenger that cannot beat the champion by `promote_margin` on a changed dev split: the champion (measured
+    again on the new split) keeps its alias, the new version is tagged with the reason."""
+    project = stack.project
+
+    def changes() -> str:
+        return (project / "reports" / "changes.md").read_text()
+
+    def record() -> dict:
+        return json.loads((project / "metrics" / "registry" / "micro-reviews.json").read_text())
+
+    assert record()["alias"] == "champion" and record()["version"] == 1
+    train = project / "reviews" / "train.csv"
+    train.write_text(train.read_text() + "the script was truly wonderful,praise\nthe acting was dull,pan\n"
+                     "the ending felt so lovely,praise\n")
+    changed = stack.run_deployment()
+    assert "changes: reports/changes.md (inputs, rows, params, stages, champions)" in changed["log"]
+    report = changes()
+    assert "`reviews` train: 3 rows added, 0 removed (200 -> 203)" in report, report
+    assert "`reviews/train.csv`" in report  # the input file, old -> new hash
+    ran = next(line for line in report.splitlines() if line.startswith("- ran ("))
+    assert "prepare_task[reviews]" in ran and "finetune_teacher[reviews]" in ran and "augment[reviews]" in ran
+    assert "prepare_corpus" not in ran and "word_vectors" not in ran and "pretrain" not in ran
+    assert "| micro-reviews | v1 " in report
+    states = {t["name"]: t["state"]["name"] for t in changed["task_runs"]}
+    assert states["prepare_corpus"] == states["pretrain"] == "Cached" and states["prepare_task[reviews]"] == "Completed"
+
+    params = project / "params.yaml"
+    params.write_text(params.read_text() + "registry: {promote_margin: 1.0}\n")
+    dev = project / "reviews" / "dev.csv"
+    dev.write_text("\n".join(dev.read_text().splitlines()[:-10]) + "\n")  # and the dev split changes
+    stack.run_deployment()
+    now = record()
+    assert now["alias"] == "candidate" and not now["promoted"] and now["champion"]["version"] == 1, now
+    assert now["reason"].startswith("the task data changed since the champion (version 1) was registered: "
+                                    "re-evaluated on the new dev split"), now["reason"]
+    assert "does not beat the champion (version 1)" in now["reason"]
+    report = changes()
+    assert "`reviews` dev: 0 rows added, 10 removed (60 -> 50)" in report
+    assert "`registry.promote_margin`: 0.0 -> 1.0" in report and "re-evaluated on the new dev split" in report
+    code = """
+import json, mlflow
+client = mlflow.MlflowClient()
+champion = client.get_model_version_by_alias("micro-reviews", "champion")
+latest = max(client.search_model_versions("name = 'micro-reviews'"), key=lambda v: int(v.version))
+print(json.dumps({"champion": champion.version, "latest": latest.version, "tags": latest.tags}))
+"""
+    got = json.loads(run([sys.executable, "-c", code], project, stack.env).stdout.strip().splitlines()[-1])
+    assert got["champion"] == "1" and int(got["latest"]) > 1, got
+    assert got["tags"]["promoted"] == "false" and "does not beat the champion" in got["tags"]["promotion"], got["tags"]
 
 
 def test_provenance_names_the_data_inputs_of_dvc_lock(tmp_path):
