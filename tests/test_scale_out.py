@@ -380,6 +380,11 @@ def test_served_and_worker_deployments_run_on_their_cron_schedules(stack):
     assert not [r for r in stack.scheduled_runs(deployment["id"]) if r["state"]["type"] == "SCHEDULED"]
     assert worker_run["work_pool_name"] == POOL and worker_run["parameters"] == {"params_file": "params.yaml"}
     assert_on_time(stack, worker_run, since, "worker cron run", worker.log)
+    # continual distillation (a) on the clock: the scheduled run over unchanged inputs retrained nothing, said so
+    changes = (stack.project / "reports" / "changes.md").read_text()
+    assert "No change since the last run" in changes and changes.count("\n") <= 3, changes
+    took = datetime.fromisoformat(worker_run["end_time"]) - datetime.fromisoformat(worker_run["start_time"])
+    assert took < timedelta(minutes=1), took
     assert [s["schedule"]["cron"] for s in stack.get(f"/deployments/{nightly['id']}")["schedules"]] == ["0 3 * * *"]
 
 
