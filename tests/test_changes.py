@@ -80,3 +80,30 @@ def test_a_hub_teacher_is_keyed_by_the_revision_it_resolves_to(tmp_path, monkeyp
     assert keys[0] != keys[1]
     teacher.hub_snapshot.cache_clear()
     assert teacher.model_ref("org/not-cached") == "org/not-cached"
+
+
+def test_registering_a_teacher_without_a_prefect_server_says_no_event_was_emitted(tmp_path, monkeypatch, capsys):
+    """`python -m flows.teacher register DIR --name NAME` with no PREFECT_API_URL: a new version under the alias, one
+    line saying no event was emitted; a directory that is not there: exit 2, one line naming it, nothing registered."""
+    import mlflow
+    import transformers
+
+    import flows.teacher
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    cfg = transformers.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=32)
+    transformers.BertForMaskedLM(cfg).save_pretrained(tmp_path / "teacher")
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        assert flows.teacher.main(["register", str(tmp_path / "teacher"), "--name", "tiny", "--alias", "nightly"]) == 0
+        out = capsys.readouterr().out.strip().splitlines()
+        assert out[-1] == ("registered teacher tiny version 1 (@nightly): models:/tiny@nightly; no Prefect server "
+                           "(PREFECT_API_URL): no event emitted")
+        assert flows.teacher.main(["register", str(tmp_path / "nope"), "--name", "tiny"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0] == f"error: {tmp_path / 'nope'}: no such model directory", err
+    client = mlflow.MlflowClient()
+    assert [str(v.version) for v in client.search_model_versions("name = 'tiny'")] == ["1"]
+    assert str(client.get_model_version_by_alias("tiny", "nightly").version) == "1"
