@@ -9,7 +9,11 @@
   MLflow run tagged with the hash of the `dvc.lock` it started from;
 - schedules that fire: the server's scheduler creates a flow run every minute for `python -m flows.deploy --cron
   "* * * * *"` (flow.serve, the process running beside the server) and for the `nightly` deployment deployed with
-  `--cron "* * * * *"` and a long-running `prefect worker start`; each run starts on time and completes.
+  `--cron "* * * * *"` and a long-running `prefect worker start`; each run starts on time and completes;
+- continual distillation on the worker, over a task of your own (CSV files in the project): a run over unchanged
+  inputs says so; appended training rows re-run that task's stages only; a challenger that does not beat the champion
+  by the margin on a changed dev split leaves the champion's alias, the reason tagged (the last test: it changes the
+  project).
 
 One module-scoped stack (servers, project copy, first run) serves the tests; every server dies with the module.
 """
