@@ -214,6 +214,9 @@ def test_deployment_from_prefect_yaml_runs_the_pipeline_on_a_worker(stack):
 
     states = [t["state"]["name"] for t in stack.first["task_runs"]]
     assert len(states) == 11 and set(states) == {"Completed"}, states  # every stage and item ran
+    assert "changes: First run" in stack.first["log"], stack.first["log"][-4000:]
+    augmented = (stack.project / "data" / "augmented" / "reviews.tsv").read_text().splitlines()
+    assert len(augmented) - 1 > 40  # a task of your own is augmented as a GLUE one: its first 40 rows and variants
 
     # a DAG: each stage waits for the stages whose outputs it reads (Prefect records them), independent ones overlap
     runs = {t["name"]: t for t in stack.first["task_runs"]}  # named like the console: stage[item]
