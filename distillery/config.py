@@ -641,7 +641,7 @@ def _check_students(p: Params, teacher: Dims | None, path: str, root: Path) -> N
                               "pretrain.enabled, or a teacher checkpoint saved with one")
         if teacher is not None:
             try:
-                recipe.check(teacher, key)
+                recipe.verify(teacher, key)
             except RecipeError as exc:
                 raise ConfigError(f"{path}: {exc}") from None
 

@@ -330,6 +330,61 @@ def _scatter(rows: list[dict[str, Any]], key: str, xlabel: str, scale: float, pa
         plt.close(fig)
 
 
+def search_plot(candidates: list[Mapping[str, Any]], teacher_ms: float, limit_ms: float, winner: str,
+                path: Path) -> Path:
+    """A budget search at a glance: every candidate's measured latency (a tick on the axis below; those over the
+    budget grey), the trained ones at their last round's mean dev retention, the teacher at 100 %, the budget's limit,
+    the front of the trained ones and the winner. ``candidates``: rows with name, form, ms, meets_budget, scores."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    fig, (ax, rug) = plt.subplots(2, 1, figsize=(7.5, 5.0), sharex=True, gridspec_kw={"height_ratios": [4, 1]})
+    ax.scatter([teacher_ms], [100.0], marker="*", s=180, color="black", label=f"teacher (fp32, {teacher_ms:.2f} ms)",
+               zorder=4)
+    colours = {"fp32": "tab:blue", "bf16": "tab:orange", "int8": "tab:green"}
+    scored = [c for c in candidates if c.get("scores")]
+    for form, colour in colours.items():
+        mine = [c for c in scored if c["form"] == form]
+        if mine:
+            ax.scatter([c["ms"] for c in mine], [100 * c["scores"][-1] for c in mine], color=colour, s=50, zorder=3,
+                       label=f"trained candidates ({form})")
+        timed = [c for c in candidates if c["form"] == form]
+        if timed:
+            rug.scatter([c["ms"] for c in timed], [list(colours).index(form)] * len(timed), marker="|", s=120,
+                        color=[colour if c["meets_budget"] else "0.75" for c in timed])
+    front = pareto_front([(c["ms"], c["scores"][-1]) for c in scored])
+    if len(front) > 1:
+        ax.plot([scored[i]["ms"] for i in front], [100 * scored[i]["scores"][-1] for i in front], color="0.4",
+                linestyle="--", linewidth=1, drawstyle="steps-post", zorder=2, label="front of the trained ones")
+    best = next((c for c in scored if c["name"] == winner), None)
+    if best is not None:
+        ax.scatter([best["ms"]], [100 * best["scores"][-1]], s=260, facecolors="none", edgecolors="red", linewidths=2,
+                   zorder=5, label=f"chosen: {winner}")
+    for a in (ax, rug):
+        a.axvline(limit_ms, color="red", linestyle=":", linewidth=1)
+    ax.plot([], [], color="red", linestyle=":", linewidth=1, label=f"budget: <= {limit_ms:.2f} ms")
+    rug.set_yticks(range(len(colours)), list(colours))
+    rug.set_ylim(-0.7, len(colours) - 0.3)
+    rug.set_ylabel("timed", fontsize=8)
+    rug.set_xscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    rug.xaxis.set_major_formatter(plain)
+    rug.xaxis.set_minor_formatter(plain)
+    rug.tick_params(axis="x", which="minor", labelsize=7)
+    rug.set_xlabel("latency per batch (ms, log; measured on this machine)")
+    ax.set_ylabel("mean dev retention (%)")
+    ax.grid(True, alpha=0.3)
+    rug.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
+    try:
+        return _save(fig, path)
+    finally:
+        plt.close(fig)
+
+
 def _curve_panels(curves: Mapping[str, tuple[list[float], list[float]]], path: Path) -> Path:
     """One panel per stage (a curve's name is `<stage>-<item>`), each with its own legend of items."""
     import matplotlib.pyplot as plt

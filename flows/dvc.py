@@ -51,6 +51,7 @@ PARAM_KEYS = {
     "direct_finetune": "task_distillation.finetune",
     "student_dropout": "task_distillation.student_dropout",
     "demo_contrast": "data.demo_contrast",
+    "latency_seq_len": "evaluation.latency_seq_len",
 }
 
 

@@ -7,6 +7,7 @@ from tasks.data import PREPARE_CORPUS, PREPARE_TASK, WORD_VECTORS
 from tasks.distill import BASELINE, STUDENT_STAGES, TASK_DISTILLATION, students_with
 from tasks.evaluate import EVALUATE, REPORT
 from tasks.register import REGISTER
+from tasks.search import SEARCH, budgeted
 from tasks.stage import Stage
 from tasks.teacher import FINETUNE_TEACHER, PRETRAIN
 
@@ -15,7 +16,7 @@ from distillery.task_kinds import task_kind
 
 STAGES: dict[str, Stage] = {s.name: s for s in (
     PREPARE_CORPUS, PREPARE_TASK, PRETRAIN, WORD_VECTORS, FINETUNE_TEACHER, AUGMENT, *STUDENT_STAGES,
-    TASK_DISTILLATION, BASELINE, EVALUATE, REGISTER, REPORT,
+    SEARCH, TASK_DISTILLATION, BASELINE, EVALUATE, REGISTER, REPORT,
 )}
 STUDENT_STAGE_NAMES = frozenset(s.name for s in STUDENT_STAGES)
 
@@ -34,6 +35,7 @@ def items(stage: str, p: Params) -> list[str | None]:
         "word_vectors": [None] if augmented else [],
         "finetune_teacher": tasks,
         "augment": augmented,
+        "search": budgeted(p),
         "task_distillation": pairs,
         "baseline": pairs if p.evaluation.baselines else [],
         "evaluate": tasks,

@@ -49,6 +49,17 @@ def teacher_dims(p: Params):
     return dims if dims is not None else Dims.of_config(AutoConfig.from_pretrained(teacher_source(p)))
 
 
+def recipe_of(p: Params, student: str):
+    """The student's recipe; a budgeted student's with the shape its search chose (`tasks.search`)."""
+    import json
+
+    recipe = p.students[student]
+    if recipe.budget is None:
+        return recipe
+    chosen = json.loads((paths.search(student) / "search.json").read_text(encoding="utf-8"))["winner"]
+    return recipe.with_shape(chosen["shape"])
+
+
 def student_stages(p: Params, student: str) -> dict:
     """The student-level stages the student's recipe adds, in order."""
     return p.students[student].stages(teacher_dims(p))
@@ -168,7 +179,7 @@ def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
     student, task = split_item(item)
     teacher_gate(p, task)
     ctx = task_context(p, item, paths.student(student, task))
-    grid, curve = p.students[student].task_stage(ctx)
+    grid, curve = recipe_of(p, student).task_stage(ctx)
     result = _keep_best(grid, ctx.out)
     result["curve"] = curve or grid.best_dir / "train_log.csv"
     return result
@@ -179,7 +190,7 @@ def run_baseline(p: Params, item: str) -> dict[str, Any]:
     then the fine-tuning grid `task_distillation.finetune` on the gold labels of the task's own training set."""
     student, task = split_item(item)
     ctx = task_context(p, item, paths.baseline(student, task), general=False)
-    return _keep_best(p.students[student].direct_stage(ctx), ctx.out)
+    return _keep_best(recipe_of(p, student).direct_stage(ctx), ctx.out)
 
 
 def _keep_best(grid, out: Path) -> dict[str, Any]:
@@ -244,7 +255,14 @@ def _student_stage(name: str) -> Stage:
 STUDENT_STAGES = tuple(_student_stage(name) for name in STUDENT_STAGE_FOLDERS)
 
 
-def _task_deps(p: Params, item: str) -> list[Path]:
+def _search_deps(p: Params, student: str) -> list[Path]:
+    """A budgeted student's search result (its shape)."""
+    return [paths.search(student)] if p.students[student].budget is not None else []
+
+
+def task_inputs(p: Params, item: str) -> list[Path]:
+    """What a student's task stage reads besides its search: the task's data and teacher, the augmented set when its
+    recipe trains on it, its general student or the pre-trained teacher it starts from, its init checkpoint."""
     student, task = split_item(item)
     recipe = p.students[student]
     deps = [paths.task_data(task), paths.teacher(task) / "model"]
@@ -257,13 +275,17 @@ def _task_deps(p: Params, item: str) -> list[Path]:
     return deps + _checkpoint_deps(p, student)
 
 
+def _task_deps(p: Params, item: str) -> list[Path]:
+    return task_inputs(p, item) + _search_deps(p, split_item(item)[0])
+
+
 def _baseline_deps(p: Params, item: str) -> list[Path]:
     """The task's data and teacher; the pre-trained teacher too for a student that starts there (`task_student`)."""
     student, task = split_item(item)
     deps = [paths.task_data(task), paths.teacher(task) / "model"]
     if p.students[student].starts_from_pretrained_layers:
         deps += _teacher_source_deps(p)
-    return deps + _checkpoint_deps(p, student)
+    return deps + _checkpoint_deps(p, student) + _search_deps(p, student)
 
 
 BASELINE = Stage(

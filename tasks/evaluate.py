@@ -211,8 +211,13 @@ def run_report(p: Params, _: str | None) -> dict[str, Any]:
     # one line per task whose teacher failed the gate: not distilled, no retention, trivial submission files
     failed = [f"{summary[t]['teacher']['gate']}. Its submission files hold the trivial baseline's predictions."
               for t in p.data.tasks if not summary[t]["teacher"]["passed_gate"]]
+    from tasks.search import budget_lines, budgeted
+
     written = write_report(summary, paths.REPORTS, loss_curves=curves, latency=latency or None, teacher="teacher",
-                           notes=notes, lines=failed)
+                           notes=notes, lines=failed + budget_lines(p, summary))
+    for student in budgeted(p):  # the search's plot beside the report's
+        if (plot := paths.search(student) / "pareto.png").is_file():
+            written.append(Path(shutil.copyfile(plot, paths.REPORTS / f"search-{student}.png")))
     if any(task_kind(t).submits_test_predictions for t in p.data.tasks):  # the GLUE server's files
         written += [z for model in _models(p) if (z := _zip_predictions(p, model)) is not None]
     return {"artifacts": [str(w) for w in written] + [str(paths.summary())]}
@@ -222,9 +227,12 @@ def verdict_lines(p: Params) -> list[str]:
     """The run's result in words, one line per task (`distillery.report.verdicts`), from the summary it wrote."""
     from distillery.report import verdicts
 
+    from tasks.search import budget_lines
+
     if not paths.summary().is_file():
         return []
-    return verdicts(json.loads(paths.summary().read_text(encoding="utf-8")), list(p.students))
+    summary = json.loads(paths.summary().read_text(encoding="utf-8"))
+    return verdicts(summary, list(p.students)) + budget_lines(p, summary)
 
 
 def _has_loss(csv_text: str) -> bool:
@@ -330,12 +338,13 @@ EVALUATE = Stage(
 )
 REPORT = Stage(
     "report", run_report,
-    deps=lambda p, _: [paths.evaluation(t) for t in p.data.tasks] + [predictions_dir(t) for t in p.data.tasks],
+    deps=lambda p, _: [paths.evaluation(t) for t in p.data.tasks] + [predictions_dir(t) for t in p.data.tasks]
+    + [paths.search(s) for s in p.students if p.students[s].budget is not None],
     outs=lambda p, _: [paths.summary(), paths.REPORTS / "table.md"],
     params=lambda p, _: {"tasks": p.data.tasks, "students": sorted(p.students), "baselines": p.evaluation.baselines,
                          "precision": p.precision,
                          "max_eval_examples": p.data.max_eval_examples,
                          "min_gain_over_trivial": {t: p.for_task(t).teacher_finetune.min_gain_over_trivial
                                                    for t in p.data.tasks}},
-    code=("distillery/report.py", "tasks/evaluate.py"),
+    code=("distillery/report.py", "tasks/evaluate.py", "tasks/search.py"),
 )

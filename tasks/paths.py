@@ -51,6 +51,11 @@ def student_stage(folder: str, student: str) -> Path:
     return MODELS / folder / student
 
 
+def search(student: str) -> Path:
+    """A budgeted student's shape search: search.json (every candidate, the winner) and pareto.png."""
+    return MODELS / "search" / student
+
+
 def student(student: str, task: str) -> Path:
     return MODELS / "students" / f"{student}-{task}"
 

@@ -142,7 +142,9 @@ def model_card(p: Params, student: str, task: str, metrics: dict[str, Any]) -> s
     import yaml
 
     about = _card_task(p, task)
-    recipe = p.students[student]
+    from tasks.distill import recipe_of
+
+    recipe = recipe_of(p, student)
     teacher = (p.teacher.name_or_path if p.teacher.init == "pretrained"
                else f"a {p.teacher.shape.as_spec()} teacher trained from scratch in this pipeline")
     dev = {k.removeprefix("dev."): v for k, v in metrics.items() if k.startswith("dev.") and k != "dev.main"}

@@ -205,5 +205,35 @@ def within_budget(timed: Sequence[Timed], teacher_ms: float, budget: Budget) -> 
     return sorted(keep, key=lambda t: (-t.params, t.ms))
 
 
-__all__ = ["Budget", "BudgetError", "Candidate", "FORMS", "Timed", "Timer", "available_forms", "candidates",
-           "measured_timer", "time_candidates", "within_budget"]
+def finalists(keep: Sequence[Timed], n: int) -> list[Timed]:
+    """Of the candidates that meet the budget (`within_budget`), each shape once, in its most faithful form that
+    meets it (fp32, else bf16, else int8: the one whose scores the search's fp32 training predicts best), then the
+    ``n`` largest shapes (most parameters: the best score expected), fastest first among equals."""
+    best: dict[str, Timed] = {}
+    for t in keep:
+        held = best.get(t.candidate.shape_name)
+        if held is None or FORMS.index(t.candidate.form) < FORMS.index(held.candidate.form):
+            best[t.candidate.shape_name] = t
+    return sorted(best.values(), key=lambda t: (-t.params, t.ms))[:n]
+
+
+def successive_halving(names: Sequence[str], score: Callable[[str, int], float], first: int,
+                       ) -> tuple[str, list[dict[str, float]]]:
+    """Successive halving (Jamieson & Talwalkar, 2016; the schedule of Hyperband's brackets): every name is scored
+    with ``first`` training examples, the better half (rounded up) goes on with twice as many, until one is left.
+    ``score(name, examples)``: higher is better; a tie keeps the earlier name (``names`` comes largest first).
+    Returns (the winner, each round's scores: name -> score). One name: it wins without training."""
+    if not names:
+        raise BudgetError("no candidate to search")
+    alive, rounds, examples = list(names), [], first
+    while len(alive) > 1:
+        scores = {name: float(score(name, examples)) for name in alive}
+        rounds.append(scores)
+        ranked = sorted(alive, key=lambda name: -scores[name])  # stable: ties keep the earlier name
+        alive = ranked[: (len(alive) + 1) // 2]
+        examples *= 2
+    return alive[0], rounds
+
+
+__all__ = ["Budget", "BudgetError", "Candidate", "FORMS", "Timed", "Timer", "available_forms", "candidates", "finalists",
+           "measured_timer", "successive_halving", "time_candidates", "within_budget"]

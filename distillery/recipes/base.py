@@ -156,6 +156,46 @@ def _init_from_yaml(v: Any) -> Any:
     return v
 
 
+# ------------------------------------------------------------------------------------------------ budget
+
+class BudgetSpec(Section):
+    """A latency budget instead of a shape (the `search` stage picks the shape and deployed form): at least
+    ``speedup`` times faster than the fp32 teacher and/or at most ``latency_ms`` per batch of ``batch`` x ``seq_len``
+    (default: ``evaluation.latency_seq_len``, the length the evaluate stage times), measured on the machine that runs
+    the search. Candidates: ``depths`` (default 1 .. the teacher's) x ``width_fractions`` of the teacher's heads (its
+    head size kept) x ``ffn_ratios`` of its FFN/width ratio, in ``forms`` (default: every form this machine serves,
+    `distillery.efficiency.budget.available_forms`). The ``shapes`` largest shapes that meet the budget are trained
+    briefly (``train_examples`` per task in the first round, twice as many in each next one) and halved on their mean
+    dev retention until one is left (successive halving)."""
+
+    speedup: float | None = Field(None, gt=0)
+    latency_ms: float | None = Field(None, gt=0)
+    batch: int = Field(1, ge=1)
+    seq_len: int | None = Field(None, ge=8, le=512)
+    depths: list[int] | None = None
+    width_fractions: list[Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=lambda: [1.0, 0.75, 0.5],
+                                                                       min_length=1)
+    ffn_ratios: list[Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=lambda: [1.0, 0.5], min_length=1)
+    forms: list[Literal["fp32", "bf16", "int8"]] | None = None
+    shapes: int = Field(4, ge=1)
+    train_examples: int = Field(1000, ge=1)
+
+    @model_validator(mode="after")
+    def _bound(self) -> "BudgetSpec":
+        if self.speedup is None and self.latency_ms is None:
+            raise ValueError("a budget needs speedup (over the fp32 teacher) or latency_ms")
+        if self.depths is not None and (not self.depths or min(self.depths) < 1):
+            raise ValueError(f"depths must be >= 1, got {self.depths}")
+        return self
+
+    def budget(self, seq_len: int):
+        """The `distillery.efficiency.budget.Budget` (``seq_len`` when the spec gives none)."""
+        from distillery.efficiency.budget import Budget
+
+        return Budget(speedup=self.speedup, latency_ms=self.latency_ms, batch=self.batch,
+                      seq_len=self.seq_len or seq_len)
+
+
 def official_teacher_layers(n_teacher: int, n_student: int) -> list[int]:
     """DistilBERT's released choice for 12 -> 6 ([0, 2, 4, 7, 9, 11]); otherwise evenly spread layers that keep
     the first and the last (the same rule gives the official list for 12 -> 6)."""
@@ -237,7 +277,8 @@ class Recipe(Section):
     """Fields every recipe has; subclasses fix ``recipe``, the paper defaults and the behaviour."""
 
     recipe: str
-    shape: Shape
+    shape: Shape | None = None                 # exactly one of shape and budget
+    budget: BudgetSpec | None = None
     init: Annotated[Init, Field(default_factory=RandomInit)]
     objectives: dict[str, float] | None = None  # None: the paper's (``OBJECTIVES``)
     general_distillation: bool | None = None    # None: on unless init is a checkpoint (see ``runs_general``)
@@ -265,6 +306,13 @@ class Recipe(Section):
     @classmethod
     def _init(cls, v):
         return _init_from_yaml(v)
+
+    @model_validator(mode="after")
+    def _shape_or_budget(self) -> "Recipe":
+        if (self.shape is None) == (self.budget is None):
+            raise ValueError("give a shape, or a budget (the search stage then picks the shape), not "
+                             + ("both" if self.shape is not None else "neither"))
+        return self
 
     @field_validator("objectives")
     @classmethod
@@ -351,6 +399,48 @@ class Recipe(Section):
         except ModelConfigError as exc:
             raise RecipeError(f"{key}.shape: {exc}") from None
         return Dims.of_shape(shape, teacher.vocab)
+
+    def with_shape(self, shape: Mapping[str, Any]) -> "Recipe":
+        """This student with ``shape`` in place of its budget (the search stage's choice)."""
+        return self.model_copy(update={"shape": Shape(**shape), "budget": None})
+
+    def verify(self, teacher: Dims, key: str) -> None:
+        """`check` a student of a shape; for a budget, that its candidates can be searched: a shape chosen after the
+        stages that run before the search is refused (general distillation), and at least one candidate shape must
+        pass `check` (`budget_shapes`)."""
+        if self.budget is None:
+            return self.check(teacher, key)
+        if self.runs_general:
+            raise RecipeError(f"{key}.budget: a budgeted student's shape is chosen on the task (the search stage), "
+                              "after general distillation would run: start it from the teacher (init: pruned, or "
+                              "teacher_layers: auto) or set general_distillation: false")
+        if self.init.kind in ("teacher_layers", "pruned") and self.init.teacher_layers != "auto":
+            raise RecipeError(f"{key}.init.teacher_layers: a budgeted student's depth is searched; give 'auto' (the "
+                              "teacher's layers spread evenly over the chosen depth)")
+        self.budget_shapes(teacher, key)
+
+    def budget_shapes(self, teacher: Dims, key: str) -> list[dict[str, int]]:
+        """The budget's candidate shapes (largest first) that this recipe can train from this teacher (each passes
+        `check`); none: a RecipeError naming the first candidate's problem."""
+        from distillery.efficiency.budget import BudgetError, candidates
+
+        b = self.budget
+        try:
+            shapes = [c.shape for c in candidates(teacher, depths=b.depths, width_fractions=b.width_fractions,
+                                                  ffn_ratios=b.ffn_ratios, forms=("fp32",))]
+        except BudgetError as exc:
+            raise RecipeError(f"{key}.budget: {exc}") from None
+        fine, problems = [], []
+        for shape in shapes:
+            try:
+                self.with_shape(shape).check(teacher, key)
+                fine.append(shape)
+            except RecipeError as exc:
+                problems.append(str(exc))
+        if not fine:
+            raise RecipeError(f"{key}.budget: none of its {len(shapes)} candidate shapes works with the "
+                              f"{self.recipe} recipe and this teacher; the first: {problems[0] if problems else 'none'}")
+        return fine
 
     def check(self, teacher: Dims, key: str) -> None:
         """Everything that can be checked before training, given the teacher's dims; subclasses add theirs."""
