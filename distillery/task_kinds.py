@@ -39,8 +39,9 @@ class ClassificationKind:
     caches_teacher_logits = True
     #: test-split predictions go to files (the GLUE server's format); a span task writes its dev answers instead
     submits_test_predictions = True
-    #: the registered model's pyfunc (`tasks/pyfunc_<name>.py`)
+    #: the registered model's pyfunc (`tasks/pyfunc_<name>.py`), and the deployed forms it can run in
     pyfunc = "classifier"
+    served_forms = ("fp32", "bf16", "int8")
 
     def __init__(self, task: str, group_by_length: bool = False) -> None:
         from distillery import glue
@@ -200,6 +201,7 @@ class SpanKind:
     caches_teacher_logits = False  # each feature's logits have its own length: the teacher runs beside the student
     submits_test_predictions = False  # its dev answers in the official format instead
     pyfunc = "reader"
+    served_forms = ("fp32",)  # the reader's windows and answer extraction run on the PyTorch model
 
     def load(self, data, root: Path, raw: Path, seed: int):
         """{"train", "dev"}: the Hub's official splits, or one local SQuAD file split by article (never a paragraph

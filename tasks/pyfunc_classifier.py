@@ -7,7 +7,9 @@ and run when it is loaded, so it imports nothing from this project).
 
 Classification answers a DataFrame with `label` (the task's label names) and `score` (its probability);
 regression (STS-B) answers `score`, the raw predicted similarity, as a float. The model configuration
-(`labels`, `regression`, `pair`, `max_length`) is the logged `model_config`.
+(`labels`, `regression`, `pair`, `max_length`, `form`) is the logged `model_config`. `form` is the deployed form the
+model runs in: `fp32` (PyTorch), `bf16` (PyTorch under bf16 autocast) or `int8` (the int8 ONNX export, artifact
+`onnx`, on ONNX Runtime; the `model` artifact then holds the tokenizer and config without weights).
 """
 
 from __future__ import annotations
@@ -28,13 +30,20 @@ class SequenceClassifier(PythonModel):
         cfg = dict(context.model_config or {})
         path = context.artifacts["model"]
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+        self.form = str(cfg.get("form", "fp32"))
+        if self.form == "int8":
+            import onnxruntime as ort
+
+            self.session = ort.InferenceSession(context.artifacts["onnx"], providers=["CPUExecutionProvider"])
+            self.accepts = {i.name for i in self.session.get_inputs()}
+        else:
+            self.model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+            self.accepts = set(inspect.signature(self.model.forward).parameters)
         self.labels = [str(label) for label in cfg.get("labels") or []]
         self.regression = bool(cfg.get("regression", False))
         self.pair = bool(cfg.get("pair", False))
         self.max_length = int(cfg.get("max_length", 128))
         self.batch_size = int(cfg.get("batch_size", 64))
-        self.accepts = set(inspect.signature(self.model.forward).parameters)
 
     def _columns(self, model_input) -> tuple[list[str], list[str] | None]:
         df = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(
@@ -61,8 +70,7 @@ class SequenceClassifier(PythonModel):
                 enc = self.tokenizer(texts[i : i + self.batch_size],
                                      None if pairs is None else pairs[i : i + self.batch_size],
                                      truncation=True, max_length=self.max_length, padding=True, return_tensors="pt")
-                enc = {k: v for k, v in enc.items() if k in self.accepts}
-                chunks.append(self.model(**enc).logits.float())
+                chunks.append(self._logits({k: v for k, v in enc.items() if k in self.accepts}))
         n_out = 1 if self.regression else max(len(self.labels), 1)
         logits = torch.cat(chunks) if chunks else torch.zeros(0, n_out)
         if self.regression:
@@ -71,6 +79,17 @@ class SequenceClassifier(PythonModel):
         ids = probs.argmax(-1).tolist()
         labels = [self.labels[i] if i < len(self.labels) else str(i) for i in ids]
         return pd.DataFrame({"label": labels, "score": probs.max(-1).values.double().numpy()})
+
+
+    def _logits(self, enc):
+        import torch
+
+        if self.form == "int8":
+            feeds = {n: enc[n].numpy() if n in enc else torch.zeros_like(enc["input_ids"]).numpy()
+                     for n in self.accepts}
+            return torch.from_numpy(self.session.run(None, feeds)[0]).float()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.form == "bf16"):
+            return self.model(**enc).logits.float()
 
 
 def _texts(df: pd.DataFrame, column: str) -> list[str]:

@@ -279,6 +279,27 @@ def champion_score(p: Params, client, name: str, champion, task: str) -> tuple[f
                    f"re-evaluated on the new dev split, {again:.4f} (was {main:.4f})")
 
 
+def served_form(p: Params, student: str, task: str) -> str:
+    """The form the registered model runs in: a budgeted student's, the one its search chose (and measured); fp32
+    otherwise. A span task's reader and a run without ONNX export serve fp32."""
+    from tasks.search import chosen
+
+    found = chosen(student) if p.students[student].budget is not None else None
+    form = found["winner"]["form"] if found else "fp32"
+    why = ("the task's model serves " + ", ".join(task_kind(task).served_forms)
+           if form not in task_kind(task).served_forms else
+           "there is no int8 export (evaluation.export_onnx is off)" if form == "int8" and not _int8(student, task).is_file()
+           else None)
+    if why:
+        say(f"register {student}-{task}: served in fp32, not the search's {form}: {why}")
+        return "fp32"
+    return form
+
+
+def _int8(student: str, task: str) -> Path:
+    return paths.export(student, task) / "model.int8.onnx"
+
+
 def run_register(p: Params, item: str) -> dict[str, Any]:
     tracking.require("the register stage")
     import mlflow
@@ -305,16 +326,25 @@ def run_register(p: Params, item: str) -> dict[str, Any]:
                                                    "reason": why, "metrics": metrics})
         return {"metrics": {"registered_version": int(same.version), "promoted": 0}}
 
+    form = served_form(p, student, task)
     with tempfile.TemporaryDirectory() as tmp:  # the logged model dir = the student + its model card
         staged = Path(tmp) / "model"
-        shutil.copytree(model_dir, staged)
+        # served from its int8 ONNX export: the tokenizer and config without the fp32 weights
+        shutil.copytree(model_dir, staged, ignore=shutil.ignore_patterns("*.safetensors", "*.bin")
+                        if form == "int8" else None)
         (staged / "README.md").write_text(model_card(p, student, task, metrics), encoding="utf-8")
-        info = mlflow.pyfunc.log_model(name="model", artifacts={"model": str(staged)},
-                                       **serving(p, task, metrics.get("null_threshold", 0.0)))
+        artifacts = {"model": str(staged), **({"onnx": str(_int8(student, task))} if form == "int8" else {})}
+        kwargs = serving(p, task, metrics.get("null_threshold", 0.0))
+        kwargs["model_config"] = {**kwargs["model_config"], "form": form}
+        if form == "int8":
+            import onnxruntime
+
+            kwargs["pip_requirements"] = [*kwargs["pip_requirements"], f"onnxruntime=={onnxruntime.__version__}"]
+        info = mlflow.pyfunc.log_model(name="model", artifacts=artifacts, **kwargs)
     version = str(_new_version(client, name, info).version)
 
     inputs = registry_inputs(student, task)
-    tags: dict[str, Any] = {"task": task, "student": student, "recipe": p.students[student].recipe,
+    tags: dict[str, Any] = {"task": task, "student": student, "recipe": p.students[student].recipe, "served_form": form,
                             **{k: _tag(v) for k, v in metrics.items()},
                             "params_sha256": params_hash(p),
                             **{f"inputs.{k}.sha256": model_sha if k == "model" else fingerprint(v)
@@ -361,8 +391,9 @@ def run_register(p: Params, item: str) -> dict[str, Any]:
 
 REGISTER = Stage(
     "register", run_register, device="shared",  # MLflow loads the pyfunc and predicts its input example
-    deps=lambda p, item: [paths.student(*split_item(item)) / "model", paths.evaluation(split_item(item)[1])],
+    deps=lambda p, item: [paths.student(*split_item(item)) / "model", paths.evaluation(split_item(item)[1])]
+    + ([paths.search(split_item(item)[0])] if p.students[split_item(item)[0]].budget is not None else []),
     outs=lambda p, item: [paths.registry(*split_item(item))],
     params=lambda p, item: {"registry": p.registry.model_dump(mode="json", exclude={"enabled"})},
-    code=("tasks/register.py", "tasks/pyfunc_classifier.py", "tasks/pyfunc_reader.py"),
+    code=("tasks/register.py", "tasks/pyfunc_classifier.py", "tasks/pyfunc_reader.py", "tasks/search.py"),
 )

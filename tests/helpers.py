@@ -117,6 +117,9 @@ MICRO = {
         "micro-mobilebert": {"recipe": "mobilebert", "shape": {"preset": "mobilebert-tiny", "layers": 2, "hidden": 32,
                                                                "heads": 2, "intermediate": 16, "intra": 8,
                                                                "embedding": 32}},
+        # a budget instead of a shape: the search stage times both 1-layer candidates, trains them and keeps one
+        "micro-budget": {"recipe": "tinybert", "init": "pruned",
+                         "budget": {"latency_ms": 1000, "depths": [1], "forms": ["fp32"], "train_examples": 100}},
     },
     "general_distillation": {"epochs": 1, "learning_rate": 1e-3, "batch_size": 32, "max_length": 32},
     "task_distillation": {"intermediate": {"epochs": 1, "learning_rate": 1e-3, "batch_size": 32},
@@ -246,9 +249,11 @@ def scratch(project: Path) -> Iterator[Path]:
 
 
 #: What a pipeline's console may print besides progress bars: the precision it runs at (distillery.precision, once),
-#: stage events, the registry's decisions, the change report's line, the result in words, the summary.
+#: stage events, a budget search's steps, the registry's decisions, the change report's line, the result in words
+#: (and a budgeted student's), the summary.
 EVENT_LINE = re.compile(r"^(precision: (bf16|fp32) .+|[a-z_]+(\[[^]]+\])?: (started|done in \d+ s)|"
-                        r"register \S+ version \d+: .+|changes: .+|\S+: best student .+|pipeline finished in .+)$")
+                        r"register \S+ version \d+: .+|changes: .+|\S+: best student .+|search\[\S+\]: .+|"
+                        r"\S+: budget .+|pipeline finished in .+)$")
 
 
 def stage_lines(console: str) -> list[str]:

@@ -1,13 +1,15 @@
 """A latency budget in, the shapes that meet it out (`distillery.efficiency.budget`): the candidate grid, filtering by
-measured latency (a fake clock, then the real one on a tiny teacher), and one clear error when nothing fits."""
+measured latency (a fake clock, then the real one on a tiny teacher), one clear error when nothing fits, the
+finalists (each shape once, in its most faithful form) and successive halving; a student with a budget instead of a
+shape in params (`Recipe.verify`). The search stage itself runs in the end-to-end project (tests/test_pipeline_e2e.py)."""
 
 from __future__ import annotations
 
 import pytest
 import transformers
 
-from distillery.efficiency.budget import (Budget, BudgetError, Candidate, candidates, time_candidates,
-                                          within_budget)
+from distillery.efficiency.budget import (Budget, BudgetError, Candidate, Timed, candidates, finalists,
+                                          successive_halving, time_candidates, within_budget)
 from distillery.models import Dims
 
 from helpers import bert_config
@@ -110,3 +112,68 @@ def test_the_budget_command_prints_the_shapes_that_meet_it_and_refuses_an_imposs
     assert cli(argv + ["--speedup", "1000", "--json", str(tmp_path / "shapes.json")]) == 2  # its own file: kept
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and err[0].startswith("error: no candidate meets the budget (speedup >= 1000x"), err
+
+
+def test_finalists_take_each_shape_once_in_its_most_faithful_form_largest_first():
+    def timed(layers, form, ms, params):
+        return Timed(Candidate(layers, 384, 12, 1536, form), ms, 10 / ms, params)
+
+    keep = [timed(3, "int8", 1.0, 30), timed(3, "bf16", 1.5, 30), timed(2, "int8", 0.8, 20), timed(2, "fp32", 1.9, 20),
+            timed(1, "int8", 0.5, 10), timed(4, "int8", 1.9, 40)]
+    got = finalists(keep, 3)
+    assert [t.candidate.name for t in got] == ["4x384-h12-f1536-int8", "3x384-h12-f1536-bf16", "2x384-h12-f1536-fp32"]
+    assert len(finalists(keep, 10)) == 4
+
+
+def test_successive_halving_keeps_the_better_half_with_twice_the_examples():
+    quality = {"a": 0.5, "b": 0.9, "c": 0.7, "d": 0.9, "e": 0.1}
+    calls = []
+
+    def score(name, examples):
+        calls.append((name, examples))
+        return quality[name] + examples / 1e6  # more data, slightly better: the ranking within a round is the point
+
+    winner, rounds = successive_halving(list(quality), score, 100)
+    # 5 -> 3 (rounded up) -> 2 -> 1; b and d tie in every round: the earlier name (the larger shape) goes first
+    assert [sorted(r) for r in rounds] == [list("abcde"), ["b", "c", "d"], ["b", "d"]]
+    assert winner == "b"
+    assert calls[:5] == [(n, 100) for n in "abcde"] and {e for _, e in calls[5:8]} == {200} and calls[-1][1] == 400
+    assert successive_halving(["only"], score, 100) == ("only", [])
+    with pytest.raises(BudgetError):
+        successive_halving([], score, 100)
+
+
+def test_a_student_gives_a_shape_or_a_budget_and_the_budget_must_be_searchable():
+    from distillery.config import ConfigError, parse_params
+    from distillery.recipes import RECIPES
+    from distillery.recipes.base import RecipeError
+
+    shape = {"layers": 2, "hidden": 384, "heads": 12, "intermediate": 1536}
+    for student, message in (({"shape": shape, "budget": {"speedup": 5}}, "not both"), ({}, "not neither"),
+                             ({"budget": {}}, "needs speedup")):
+        with pytest.raises(ConfigError, match=message):
+            parse_params({"students": {"s": {"recipe": "tinybert", **student}}}, "params.yaml")
+    tinybert = RECIPES["tinybert"]
+    with_attention = tinybert(recipe="tinybert", init="pruned", budget={"speedup": 5})
+    names = {f"{s['layers']}x{s['hidden']}" for s in with_attention.budget_shapes(TEACHER, "students.s")}
+    assert names == {f"{d}x384" for d in range(1, 7)}  # attention_loss compares the teacher's 12 heads
+    hidden_only = tinybert(recipe="tinybert", init="pruned", budget={"speedup": 5, "depths": [2, 3]},
+                           objectives={"hidden_loss": 1.0, "embedding_loss": 1.0})
+    assert {s["hidden"] for s in hidden_only.budget_shapes(TEACHER, "students.s")} == {384, 288, 192}
+    assert hidden_only.with_shape(shape).shape.layers == 2 and hidden_only.with_shape(shape).budget is None
+    for recipe, init, message in (("tinybert", "random", "after general distillation would run"),
+                                  ("tinybert", {"pruned": {"teacher_layers": [1, 3]}}, "give 'auto'"),
+                                  ("mobilebert", "random", "after general distillation would run")):
+        with pytest.raises(RecipeError, match=message):
+            RECIPES[recipe](recipe=recipe, init=init, budget={"speedup": 5}).verify(TEACHER, "students.s")
+    no_fit = RECIPES["pkd"](recipe="pkd", init="teacher_layers", budget={"speedup": 5, "depths": [1]})
+    with pytest.raises(RecipeError, match=r"students.s.budget: none of its \d+ candidate shapes works"):
+        no_fit.verify(TEACHER, "students.s")  # a 1-layer PKD student has no intermediate layer
+
+
+def test_a_margin_keeps_part_of_the_limit_free():
+    assert Budget(speedup=5, margin=0.1).limit_ms(50.0) == pytest.approx(9.0)
+    assert Budget(latency_ms=8, speedup=5, margin=0.5).limit_ms(50.0) == pytest.approx(4.0)
+    assert "10% margin" in Budget(speedup=5, margin=0.1).describe()
+    with pytest.raises(BudgetError, match="margin"):
+        Budget(speedup=5, margin=1.0)

@@ -88,10 +88,32 @@ def test_pipeline_writes_summary_report_and_registry(prefect_project):
 
 
 @pytest.mark.slow
+def test_a_budgeted_student_gets_the_shape_its_search_chose(prefect_project):
+    """The search stage timed both candidates the budget allows (1 layer, the teacher's 2 heads, FFN 64 or 32), trained
+    them on the task, kept the better; the task stage and the direct baseline built that shape; the report shows the
+    choice, its measured figures and the search's plot."""
+    project, first, _ = prefect_project
+    found = json.loads((project / "models" / "search" / "micro-budget" / "search.json").read_text())
+    assert {c["name"] for c in found["candidates"]} == {"1x32-h2-f64-fp32", "1x32-h2-f32-fp32"}
+    assert all(c["meets_budget"] and c["ms"] > 0 for c in found["candidates"])
+    assert len(found["rounds"]) == 1 and set(found["rounds"][0]) == {"1x32-h2-f64", "1x32-h2-f32"}
+    winner = found["winner"]
+    assert winner["form"] == "fp32" and found["rounds"][0][winner["name"][:-5]] == max(found["rounds"][0].values())
+    for model in ("students/micro-budget-demo", "baseline/micro-budget-demo"):
+        config = json.loads((project / "models" / model / "model" / "config.json").read_text())
+        assert (config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"]) == (
+            1, 32, winner["shape"]["intermediate"]), model
+    assert (project / "reports" / "search-micro-budget.png").stat().st_size > 10_000
+    assert f"micro-budget is {winner['name']}" in (project / "reports" / "table.md").read_text()
+    assert f"search[micro-budget]: chosen {winner['name']}" in first.stdout
+    assert json.loads((project / "metrics" / "registry" / "micro-budget-demo.json").read_text())["version"] >= 1
+
+
+@pytest.mark.slow
 def test_rerun_hits_the_cache_for_every_stage(prefect_project):
     project, _, first_s = prefect_project
     stamps = {p.name: p.stat().st_mtime_ns for p in (project / ".prefect" / "stamps").iterdir()}
-    assert len(stamps) == 27  # every stage and item ran once
+    assert len(stamps) == 31  # every stage and item ran once
     t0 = time.perf_counter()
     run([sys.executable, "-m", "flows.pipeline"], project)
     second_s = time.perf_counter() - t0
@@ -124,9 +146,11 @@ def test_console_has_one_line_per_stage_event(prefect_project):
     assert lines[0].startswith("precision: ")
     assert "\x1b[A" not in first.stderr  # a nested (evaluation) progress bar
     assert "Downloading artifacts" not in first.stderr  # MLflow's bar when the register stage loads a model
-    # the precision line, two per stage, the registry, the change report, the result in words, the summary
-    assert len(lines) <= 1 + 2 * 27 + 4 + 1 + 1 + 1
-    assert lines[-3].startswith("changes: First run") and lines[-2].startswith("demo: best student ")
+    # the precision line, two per stage, the search's 5, the registry, the change report, the result in words (the
+    # budgeted student's too), the summary
+    assert len(lines) <= 1 + 2 * 31 + 5 + 5 + 1 + 2 + 1
+    assert lines[-4].startswith("changes: First run") and lines[-3].startswith("demo: best student ")
+    assert lines[-2].startswith("demo: budget latency <= 1000 ms at batch 1, length 16, 10% margin: micro-budget is 1x32-h2-f")
 
 
 @pytest.mark.slow

@@ -235,3 +235,37 @@ def _registered(name: str) -> bool:
     except MlflowException:
         return False
     return True
+
+
+@pytest.mark.parametrize("form", ["bf16", "int8"])
+def test_the_pyfunc_serves_the_deployed_form_a_budget_search_chose(tmp_path, form):
+    """`model_config.form`: int8 runs the int8 ONNX export on ONNX Runtime (the model artifact without its fp32
+    weights), bf16 the PyTorch model under bf16 autocast; both give the fp32 model's labels, with close scores."""
+    from types import SimpleNamespace
+
+    from distillery.efficiency.export import export_onnx, quantize_onnx
+    from distillery.precision import bf16_supported
+    from tasks.pyfunc_classifier import SequenceClassifier
+
+    if form == "bf16" and not bf16_supported("cpu"):
+        pytest.skip("no fast bf16 on this CPU")
+    model_dir = tmp_path / "model"
+    save_tiny_model(model_dir, transformers.BertForSequenceClassification, num_labels=2)
+    artifacts = {"model": str(model_dir)}
+    if form == "int8":
+        export_onnx(model_dir, tmp_path / "model.onnx")
+        artifacts["onnx"] = str(quantize_onnx(tmp_path / "model.onnx", tmp_path / "model.int8.onnx"))
+        for weights in model_dir.glob("*.safetensors"):
+            weights.unlink()  # as the register stage stages it: the int8 model needs no fp32 weights
+    texts = pd.DataFrame({"text": ["the movie was good", "a dull plot", "the cat sat on the mat", "great acting"]})
+    served, fp32 = SequenceClassifier(), SequenceClassifier()
+    served.load_context(SimpleNamespace(artifacts=artifacts, model_config={"labels": ["bad", "good"], "form": form}))
+    out = served.predict(None, texts)
+    assert (form == "int8") == (not hasattr(served, "model"))
+    if form == "int8":
+        save_tiny_model(tmp_path / "fp32", transformers.BertForSequenceClassification, num_labels=2)
+    fp32.load_context(SimpleNamespace(artifacts={"model": str(tmp_path / "fp32" if form == "int8" else model_dir)},
+                                      model_config={"labels": ["bad", "good"]}))
+    ref = fp32.predict(None, texts)
+    assert list(out["label"]) == list(ref["label"]) and set(out["label"]) <= {"bad", "good"}
+    assert out["score"].to_numpy() == pytest.approx(ref["score"].to_numpy(), abs=0.02)

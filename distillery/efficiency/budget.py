@@ -45,26 +45,32 @@ class Budget:
     latency_ms: float | None = None
     batch: int = 1
     seq_len: int = 128
+    #: the fraction of the limit kept free: a candidate must be this much faster than the bound (timings of small
+    #: models move between runs, and the evaluate stage times the chosen one again)
+    margin: float = 0.0
 
     def __post_init__(self) -> None:
         if self.speedup is None and self.latency_ms is None:
             raise BudgetError("a budget needs speedup (over the teacher) or latency_ms")
         if (self.speedup is not None and self.speedup <= 0) or (self.latency_ms is not None and self.latency_ms <= 0):
             raise BudgetError(f"budget: speedup and latency_ms must be > 0, got {self.speedup}, {self.latency_ms}")
+        if not 0 <= self.margin < 1:
+            raise BudgetError(f"budget: margin must lie in [0, 1), got {self.margin}")
         if self.batch < 1 or self.seq_len < 1:
             raise BudgetError(f"budget: batch and seq_len must be >= 1, got {self.batch}, {self.seq_len}")
 
     def limit_ms(self, teacher_ms: float) -> float:
-        """The largest latency that meets every bound, given the teacher's."""
+        """The largest latency that meets every bound with the margin kept free, given the teacher's."""
         limits = [teacher_ms / self.speedup] if self.speedup is not None else []
         if self.latency_ms is not None:
             limits.append(self.latency_ms)
-        return min(limits)
+        return min(limits) * (1 - self.margin)
 
     def describe(self) -> str:
         parts = ([f"speedup >= {self.speedup:g}x over the fp32 teacher"] if self.speedup is not None else []) + (
             [f"latency <= {self.latency_ms:g} ms"] if self.latency_ms is not None else [])
-        return f"{' and '.join(parts)} at batch {self.batch}, length {self.seq_len}"
+        margin = f", {self.margin:.0%} margin" if self.margin else ""
+        return f"{' and '.join(parts)} at batch {self.batch}, length {self.seq_len}{margin}"
 
 
 @dataclass(frozen=True)

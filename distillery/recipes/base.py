@@ -162,7 +162,8 @@ class BudgetSpec(Section):
     """A latency budget instead of a shape (the `search` stage picks the shape and deployed form): at least
     ``speedup`` times faster than the fp32 teacher and/or at most ``latency_ms`` per batch of ``batch`` x ``seq_len``
     (default: ``evaluation.latency_seq_len``, the length the evaluate stage times), measured on the machine that runs
-    the search. Candidates: ``depths`` (default 1 .. the teacher's) x ``width_fractions`` of the teacher's heads (its
+    the search, with ``margin`` of the limit kept free (timings of small models move between runs; the evaluate stage
+    times the chosen student again). Candidates: ``depths`` (default 1 .. the teacher's) x ``width_fractions`` of the teacher's heads (its
     head size kept) x ``ffn_ratios`` of its FFN/width ratio, in ``forms`` (default: every form this machine serves,
     `distillery.efficiency.budget.available_forms`). The ``shapes`` largest shapes that meet the budget are trained
     briefly (``train_examples`` per task in the first round, twice as many in each next one) and halved on their mean
@@ -172,6 +173,7 @@ class BudgetSpec(Section):
     latency_ms: float | None = Field(None, gt=0)
     batch: int = Field(1, ge=1)
     seq_len: int | None = Field(None, ge=8, le=512)
+    margin: float = Field(0.1, ge=0, lt=1)
     depths: list[int] | None = None
     width_fractions: list[Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=lambda: [1.0, 0.75, 0.5],
                                                                        min_length=1)
@@ -193,7 +195,7 @@ class BudgetSpec(Section):
         from distillery.efficiency.budget import Budget
 
         return Budget(speedup=self.speedup, latency_ms=self.latency_ms, batch=self.batch,
-                      seq_len=self.seq_len or seq_len)
+                      seq_len=self.seq_len or seq_len, margin=self.margin)
 
 
 def official_teacher_layers(n_teacher: int, n_student: int) -> list[int]:
