@@ -26,7 +26,7 @@ from typing import Any, Iterator, Mapping
 import datasets
 
 from distillery.errors import InputNotFoundError, UserError
-from distillery.io import hub_offline, resolve_path
+from distillery.io import hub_dataset, hub_offline, resolve_path
 
 #: formats of a task of your own, by file extension (.json is JSON Lines, as .jsonl)
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
@@ -167,7 +167,7 @@ def _hub_records(cfg: Any, split: str) -> tuple[str, Iterator[tuple[str, dict]],
     hub_split = cfg.splits[split]
     where = f"{cfg.hub}{'/' + cfg.config if cfg.config else ''}[{hub_split}]"
     try:
-        ds = datasets.load_dataset(cfg.hub, cfg.config, split=hub_split)
+        ds = datasets.load_dataset(hub_dataset(cfg.hub), cfg.config, split=hub_split)
     except ValueError as exc:  # an unknown split
         raise CustomTaskError(f"{where}: {exc}") from None
     except (FileNotFoundError, ConnectionError, OSError) as exc:

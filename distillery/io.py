@@ -6,6 +6,7 @@ A crash leaves either the old output or none, never a half-written one.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -95,3 +96,21 @@ def resolve_path(path: str, root: Path) -> Path:
 def hub_offline() -> bool:
     """Whether the Hugging Face Hub is off for this process (HF_HUB_OFFLINE set to a true value)."""
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+@functools.lru_cache(maxsize=None)
+def hub_dataset(repo_id: str) -> str:
+    """A Hub dataset at its current revision, as what `datasets.load_dataset` reads (once per process: one run, one
+    revision): online (HF_HUB_OFFLINE=0), the local snapshot of the Hub's latest revision, downloaded into the Hugging
+    Face cache; offline, the snapshot of the revision the cache holds. A local snapshot's content is then in the keys
+    of the stages that read it, so a new revision re-runs them. `repo_id` itself when it is no Hub id, or offline and
+    not cached (`load_dataset` then says why)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+        return snapshot_download(repo_id, repo_type="dataset", local_files_only=hub_offline())
+    except (HFValidationError, LocalEntryNotFoundError):
+        return repo_id

@@ -110,6 +110,14 @@ class ClassificationKind:
         features = {c: dev[c][:] for c in ("input_ids", "attention_mask", "token_type_ids") if c in dev.column_names}
         return glue.compute_metrics(self.task, session.predict(features), dev["labels"][:]), None
 
+    def hub_dataset_id(self, data) -> str | None:
+        """The Hub dataset the task is prepared from (None: files or the demo generator)."""
+        from distillery import glue
+
+        if self.task in data.custom:
+            return data.custom[self.task].hub
+        return glue.HUB_ID if data.source == "hub" and self.spec.hub_config else None
+
     def load(self, data, root: Path, raw: Path, seed: int):
         """The task's splits ({"train", "dev"[, "test"]} and the extra tasks' splits, `extra_split`) from where
         params say: a task of your own (`data.custom`), the demo generator (writing its files under `raw`), a GLUE
@@ -202,6 +210,12 @@ class SpanKind:
     submits_test_predictions = False  # its dev answers in the official format instead
     pyfunc = "reader"
     served_forms = ("fp32",)  # the reader's windows and answer extraction run on the PyTorch model
+
+    def hub_dataset_id(self, data) -> str | None:
+        """The Hub dataset the task is prepared from (None: a local SQuAD file)."""
+        from distillery import squad
+
+        return squad.HUB_PATHS[self.version] if data.source == "hub" else None
 
     def load(self, data, root: Path, raw: Path, seed: int):
         """{"train", "dev"}: the Hub's official splits, or one local SQuAD file split by article (never a paragraph

@@ -94,7 +94,15 @@ def vectors_path(p: Params) -> Path:
 
 
 def _task_inputs(p: Params, task: str) -> list[Path]:
-    """The files a task is prepared from (a changed file is a changed input); none for the Hub and the demo."""
+    """The files a task is prepared from (a changed file is a changed input): for a Hub dataset, the local snapshot of
+    the revision this run reads (`distillery.io.hub_dataset`: a new revision is a changed input); none for the demo
+    (or a Hub dataset neither cached nor reachable: the stage's load says why)."""
+    from distillery.io import hub_dataset
+    from distillery.task_kinds import task_kind
+
+    if (hub := task_kind(task, p.data).hub_dataset_id(p.data)) is not None:
+        local = Path(hub_dataset(hub))
+        return [local] if local.is_dir() else []
     if task in p.data.custom:
         from distillery import custom_tasks
 

@@ -366,3 +366,49 @@ def test_a_teacher_whose_head_does_not_fit_is_refused(project, num_labels, names
     with pytest.raises(UserError, match=re.escape(message)):
         run_finetune_teacher(p, "tickets")
     assert not (paths.teacher("tickets") / "model").exists()  # nothing half-written
+
+
+def test_a_hub_dataset_is_read_at_the_revision_the_cache_holds_and_a_new_revision_reruns_its_preparation(
+        tmp_path, monkeypatch):
+    """`hub: org/reviews` offline: the snapshot of the revision the Hugging Face cache's refs/main names is what the
+    task is prepared from and what the prepare stage's key covers (issue 42: a Hub dataset's revision is an input); a
+    new revision (other rows) gives another key, and its rows."""
+    import huggingface_hub.constants
+
+    from distillery.io import hub_dataset
+    from tasks.data import PREPARE_TASK, _task_inputs
+    from tasks.stage import stage_key
+
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    storage = cache / "datasets--org--reviews"
+
+    def publish(sha: str, n_train: int) -> Path:
+        snapshot = storage / "snapshots" / sha
+        repo = imdb_repo(tmp_path / sha)
+        for f in (repo / "data").iterdir():
+            ds = datasets.Dataset.from_parquet(str(f))
+            if f.name.startswith("train"):
+                ds = datasets.Dataset.from_dict({"text": [f"{sha[:4]} review {i}" for i in range(n_train)],
+                                                 "label": [i % 2 for i in range(n_train)]}, features=ds.features)
+            (snapshot / "data").mkdir(parents=True, exist_ok=True)
+            ds.to_parquet(str(snapshot / "data" / f.name))
+        (storage / "refs").mkdir(parents=True, exist_ok=True)
+        (storage / "refs" / "main").write_text(sha)
+        hub_dataset.cache_clear()
+        return snapshot
+
+    first = publish("a" * 40, 6)
+    p = params(tmp_path, {"reviews": {"hub": "org/reviews", "splits": {"train": "train", "validation": "test"},
+                                      "text": "text", "label": "label"}})
+    assert hub_dataset("org/reviews") == str(first) and _task_inputs(p, "reviews") == [first]
+    key = stage_key(PREPARE_TASK, p, "reviews")
+    assert custom_tasks.load("reviews", p.data.custom["reviews"], tmp_path)["train"].num_rows == 6
+    second = publish("b" * 40, 8)
+    assert _task_inputs(p, "reviews") == [second] and stage_key(PREPARE_TASK, p, "reviews") != key
+    dsd = custom_tasks.load("reviews", p.data.custom["reviews"], tmp_path)
+    assert dsd["train"].num_rows == 8 and any(str(v).startswith("bbbb") for v in dsd["train"][0].values())
+    hub_dataset.cache_clear()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert hub_dataset("org/not-cached") == "org/not-cached"  # offline and not cached: the load says why

@@ -238,8 +238,12 @@ def load_local(task: str | TaskSpec, data_dir: str | os.PathLike,
     return datasets.DatasetDict({s: load_split_file(spec, d / spec.files[s]) for s in wanted})
 
 
+#: The GLUE dataset on the Hugging Face Hub.
+HUB_ID = "nyu-mll/glue"
+
+
 def load_hub(task: str | TaskSpec, cache_dir: str | os.PathLike | None = None,
-             splits: Iterable[str] | None = None, path: str = "nyu-mll/glue") -> datasets.DatasetDict:
+             splits: Iterable[str] | None = None, path: str = HUB_ID) -> datasets.DatasetDict:
     """Load `task` from the Hugging Face Hub GLUE dataset, mapped into the local loader's schema.
 
     Hub splits are renamed (validation -> dev; MNLI validation_matched -> dev, ...), text columns to
@@ -249,7 +253,10 @@ def load_hub(task: str | TaskSpec, cache_dir: str | os.PathLike | None = None,
     spec = get_task(task)
     if spec.hub_config is None:
         raise ValueError(f"{spec.name}: not on the Hugging Face Hub (a generated task); use load_local")
-    raw = datasets.load_dataset(path, spec.hub_config, cache_dir=None if cache_dir is None else str(cache_dir))
+    from distillery.io import hub_dataset
+
+    raw = datasets.load_dataset(hub_dataset(path), spec.hub_config,
+                                cache_dir=None if cache_dir is None else str(cache_dir))
     wanted = list(spec.hub_splits) if splits is None else list(splits)
     out = {}
     for split in wanted:

@@ -326,7 +326,9 @@ def load_hub(version: str = "1.1", splits: Iterable[str] | None = None, cache_di
     for split in wanted:
         if split not in HUB_SPLITS:
             raise ValueError(f"SQuAD: unknown split {split!r}; splits: {list(HUB_SPLITS)}")
-    raw = datasets.load_dataset(path, cache_dir=None if cache_dir is None else str(cache_dir))
+    from distillery.io import hub_dataset
+
+    raw = datasets.load_dataset(hub_dataset(path), cache_dir=None if cache_dir is None else str(cache_dir))
     out = {}
     for split in wanted:
         if split not in raw:
