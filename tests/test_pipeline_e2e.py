@@ -89,16 +89,16 @@ def test_pipeline_writes_summary_report_and_registry(prefect_project):
 
 @pytest.mark.slow
 def test_a_budgeted_student_gets_the_shape_its_search_chose(prefect_project):
-    """The search stage timed both candidates the budget allows (1 layer, the teacher's 2 heads, FFN 64 or 32), trained
-    them on the task, kept the better; the task stage and the direct baseline built that shape; the report shows the
-    choice, its measured figures and the search's plot."""
+    """The search stage timed both candidates the budget allows (1 layer, the teacher's 2 heads, FFN 64 or 32, int8),
+    trained them on the task, kept the better; the task stage and the direct baseline built that shape; the report
+    shows the choice, its measured figures and the search's plot; the registered version runs the int8 export."""
     project, first, _ = prefect_project
     found = json.loads((project / "models" / "search" / "micro-budget" / "search.json").read_text())
-    assert {c["name"] for c in found["candidates"]} == {"1x32-h2-f64-fp32", "1x32-h2-f32-fp32"}
+    assert {c["name"] for c in found["candidates"]} == {"1x32-h2-f64-int8", "1x32-h2-f32-int8"}
     assert all(c["meets_budget"] and c["ms"] > 0 for c in found["candidates"])
     assert len(found["rounds"]) == 1 and set(found["rounds"][0]) == {"1x32-h2-f64", "1x32-h2-f32"}
     winner = found["winner"]
-    assert winner["form"] == "fp32" and found["rounds"][0][winner["name"][:-5]] == max(found["rounds"][0].values())
+    assert winner["form"] == "int8" and found["rounds"][0][winner["name"][:-5]] == max(found["rounds"][0].values())
     for model in ("students/micro-budget-demo", "baseline/micro-budget-demo"):
         config = json.loads((project / "models" / model / "model" / "config.json").read_text())
         assert (config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"]) == (
@@ -106,7 +106,11 @@ def test_a_budgeted_student_gets_the_shape_its_search_chose(prefect_project):
     assert (project / "reports" / "search-micro-budget.png").stat().st_size > 10_000
     assert f"micro-budget is {winner['name']}" in (project / "reports" / "table.md").read_text()
     assert f"search[micro-budget]: chosen {winner['name']}" in first.stdout
-    assert json.loads((project / "metrics" / "registry" / "micro-budget-demo.json").read_text())["version"] >= 1
+    uri = json.loads((project / "metrics" / "registry" / "micro-budget-demo.json").read_text())["version_uri"]
+    code = ("import mlflow, sys; mlflow.set_tracking_uri(sys.argv[1]); m = mlflow.pyfunc.load_model(sys.argv[2]);"
+            "py = m.unwrap_python_model(); print(py.form, hasattr(py, 'model'), len(m.predict(['a good film'])))")
+    out = run([sys.executable, "-c", code, f"sqlite:///{project / 'mlflow.db'}", uri], project).stdout
+    assert out.strip().splitlines()[-1] == "int8 False 1"  # ONNX Runtime, no PyTorch model
 
 
 @pytest.mark.slow
