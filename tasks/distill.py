@@ -255,8 +255,8 @@ def _student_stage(name: str) -> Stage:
 STUDENT_STAGES = tuple(_student_stage(name) for name in STUDENT_STAGE_FOLDERS)
 
 
-def _search_deps(p: Params, student: str) -> list[Path]:
-    """A budgeted student's search result (its shape)."""
+def search_deps(p: Params, student: str) -> list[Path]:
+    """A budgeted student's search result (its shape and deployed form), for the stages that read it."""
     return [paths.search(student)] if p.students[student].budget is not None else []
 
 
@@ -276,7 +276,7 @@ def task_inputs(p: Params, item: str) -> list[Path]:
 
 
 def _task_deps(p: Params, item: str) -> list[Path]:
-    return task_inputs(p, item) + _search_deps(p, split_item(item)[0])
+    return task_inputs(p, item) + search_deps(p, split_item(item)[0])
 
 
 def _baseline_deps(p: Params, item: str) -> list[Path]:
@@ -285,7 +285,7 @@ def _baseline_deps(p: Params, item: str) -> list[Path]:
     deps = [paths.task_data(task), paths.teacher(task) / "model"]
     if p.students[student].starts_from_pretrained_layers:
         deps += _teacher_source_deps(p)
-    return deps + _checkpoint_deps(p, student) + _search_deps(p, student)
+    return deps + _checkpoint_deps(p, student) + search_deps(p, student)
 
 
 BASELINE = Stage(

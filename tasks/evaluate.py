@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks import paths
+from tasks.distill import search_deps
 from tasks.stage import Stage, skipped, write_skipped
 from tasks.teacher import encoding, gate_failure, load_task, trivial_baseline
 
@@ -339,7 +340,7 @@ EVALUATE = Stage(
 REPORT = Stage(
     "report", run_report,
     deps=lambda p, _: [paths.evaluation(t) for t in p.data.tasks] + [predictions_dir(t) for t in p.data.tasks]
-    + [paths.search(s) for s in p.students if p.students[s].budget is not None],
+    + [d for s in p.students for d in search_deps(p, s)],
     outs=lambda p, _: [paths.summary(), paths.REPORTS / "table.md"],
     params=lambda p, _: {"tasks": p.data.tasks, "students": sorted(p.students), "baselines": p.evaluation.baselines,
                          "precision": p.precision,

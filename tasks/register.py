@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks import paths, tracking
+from tasks.distill import search_deps
 from tasks.execute import say
 from tasks.provenance import git_commit, lock_outs
 from tasks.stage import SkipStage, Stage, fingerprint, skipped, split_item
@@ -391,8 +392,8 @@ def run_register(p: Params, item: str) -> dict[str, Any]:
 
 REGISTER = Stage(
     "register", run_register, device="shared",  # MLflow loads the pyfunc and predicts its input example
-    deps=lambda p, item: [paths.student(*split_item(item)) / "model", paths.evaluation(split_item(item)[1])]
-    + ([paths.search(split_item(item)[0])] if p.students[split_item(item)[0]].budget is not None else []),
+    deps=lambda p, item: [paths.student(*split_item(item)) / "model", paths.evaluation(split_item(item)[1]),
+                          *search_deps(p, split_item(item)[0])],
     outs=lambda p, item: [paths.registry(*split_item(item))],
     params=lambda p, item: {"registry": p.registry.model_dump(mode="json", exclude={"enabled"})},
     code=("tasks/register.py", "tasks/pyfunc_classifier.py", "tasks/pyfunc_reader.py", "tasks/search.py"),
