@@ -163,7 +163,8 @@ def test_a_student_gives_a_shape_or_a_budget_and_the_budget_must_be_searchable()
     assert hidden_only.with_shape(shape).shape.layers == 2 and hidden_only.with_shape(shape).budget is None
     for recipe, init, message in (("tinybert", "random", "after general distillation would run"),
                                   ("tinybert", {"pruned": {"teacher_layers": [1, 3]}}, "give 'auto'"),
-                                  ("mobilebert", "random", "after general distillation would run")):
+                                  ("mobilebert", "random", "after general distillation would run"),
+                                  ("tinybert", {"checkpoint": "some/model"}, "a checkpoint fixes the student's shape")):
         with pytest.raises(RecipeError, match=message):
             RECIPES[recipe](recipe=recipe, init=init, budget={"speedup": 5}).verify(TEACHER, "students.s")
     no_fit = RECIPES["pkd"](recipe="pkd", init="teacher_layers", budget={"speedup": 5, "depths": [1]})

@@ -414,6 +414,9 @@ class Recipe(Section):
         pass `check` (`budget_shapes`)."""
         if self.budget is None:
             return self.check(teacher, key)
+        if self.init.kind == "checkpoint":
+            raise RecipeError(f"{key}.budget: a checkpoint fixes the student's shape; a budgeted student starts from the "
+                              "teacher (init: pruned, or teacher_layers: auto)")
         if self.runs_general:
             raise RecipeError(f"{key}.budget: a budgeted student's shape is chosen on the task (the search stage), "
                               "after general distillation would run: start it from the teacher (init: pruned, or "
