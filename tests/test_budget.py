@@ -114,15 +114,21 @@ def test_the_budget_command_prints_the_shapes_that_meet_it_and_refuses_an_imposs
     assert len(err) == 1 and err[0].startswith("error: no candidate meets the budget (speedup >= 1000x"), err
 
 
-def test_finalists_take_each_shape_once_in_its_most_faithful_form_largest_first():
-    def timed(layers, form, ms, params):
-        return Timed(Candidate(layers, 384, 12, 1536, form), ms, 10 / ms, params)
+def test_finalists_take_each_shape_once_in_its_most_faithful_form_and_each_depth_first():
+    def timed(layers, form, ms, params, hidden=384):
+        return Timed(Candidate(layers, hidden, hidden // 32, 4 * hidden, form), ms, 10 / ms, params)
 
     keep = [timed(3, "int8", 1.0, 30), timed(3, "bf16", 1.5, 30), timed(2, "int8", 0.8, 20), timed(2, "fp32", 1.9, 20),
             timed(1, "int8", 0.5, 10), timed(4, "int8", 1.9, 40)]
     got = finalists(keep, 3)
     assert [t.candidate.name for t in got] == ["4x384-h12-f1536-int8", "3x384-h12-f1536-bf16", "2x384-h12-f1536-fp32"]
     assert len(finalists(keep, 10)) == 4
+    # wide shapes hold the most parameters (the embeddings): a narrower shape of another depth still gets its turn
+    keep = [timed(2, "int8", 1.0, 16), timed(2, "int8", 0.9, 15, 288), timed(1, "fp32", 0.8, 14),
+            timed(3, "int8", 1.1, 11, 288), timed(1, "int8", 0.7, 13, 288)]
+    assert [t.candidate.name for t in finalists(keep, 3)] == ["2x384-h12-f1536-int8", "1x384-h12-f1536-fp32",
+                                                               "3x288-h9-f1152-int8"]
+    assert finalists(keep, 4)[-1].candidate.name == "2x288-h9-f1152-int8"
 
 
 def test_successive_halving_keeps_the_better_half_with_twice_the_examples():

@@ -213,14 +213,21 @@ def within_budget(timed: Sequence[Timed], teacher_ms: float, budget: Budget) -> 
 
 def finalists(keep: Sequence[Timed], n: int) -> list[Timed]:
     """Of the candidates that meet the budget (`within_budget`), each shape once, in its most faithful form that
-    meets it (fp32, else bf16, else int8: the one whose scores the search's fp32 training predicts best), then the
-    ``n`` largest shapes (most parameters: the best score expected), fastest first among equals."""
+    meets it (fp32, else bf16, else int8: the one whose scores the search's fp32 training predicts best); then ``n``
+    of them: first the largest shape of each depth (so deep-and-narrow competes with shallow-and-wide: most
+    parameters alone would pick the widest shapes, the embeddings being most of them), then the next largest; each
+    group by parameters (the best score expected first), fastest first among equals."""
     best: dict[str, Timed] = {}
     for t in keep:
         held = best.get(t.candidate.shape_name)
         if held is None or FORMS.index(t.candidate.form) < FORMS.index(held.candidate.form):
             best[t.candidate.shape_name] = t
-    return sorted(best.values(), key=lambda t: (-t.params, t.ms))[:n]
+    ranked = sorted(best.values(), key=lambda t: (-t.params, t.ms))
+    depths: dict[int, Timed] = {}
+    for t in ranked:
+        depths.setdefault(t.candidate.layers, t)
+    firsts = list(depths.values())
+    return (firsts + [t for t in ranked if t not in firsts])[:n]
 
 
 def successive_halving(names: Sequence[str], score: Callable[[str, int], float], first: int,
