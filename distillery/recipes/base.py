@@ -163,11 +163,12 @@ class BudgetSpec(Section):
     ``speedup`` times faster than the fp32 teacher and/or at most ``latency_ms`` per batch of ``batch`` x ``seq_len``
     (default: ``evaluation.latency_seq_len``, the length the evaluate stage times), measured on the machine that runs
     the search, with ``margin`` of the limit kept free (timings of small models move between runs; the evaluate stage
-    times the chosen student again). Candidates: ``depths`` (default 1 .. the teacher's) x ``width_fractions`` of the teacher's heads (its
-    head size kept) x ``ffn_ratios`` of its FFN/width ratio, in ``forms`` (default: every form this machine serves,
-    `distillery.efficiency.budget.available_forms`). ``shapes`` of the shapes that meet the budget (the largest of each depth first, `finalists`) are trained
-    briefly (``train_examples`` per task in the first round, twice as many in each next one) and halved on their mean
-    dev retention until one is left (successive halving)."""
+    times the chosen student again). Candidates: ``depths`` (default 1 .. the teacher's) x ``width_fractions`` of the
+    teacher's heads (its head size kept) x ``ffn_ratios`` of its FFN/width ratio, in ``forms`` (default: every form
+    this machine serves, `distillery.efficiency.budget.available_forms`). ``shapes`` of the shapes that meet the budget
+    (the largest of each depth first, `finalists`) are trained briefly (``train_examples`` per task in the first
+    round, twice as many in each next one) and halved on their mean dev retention until one is left (successive
+    halving)."""
 
     speedup: float | None = Field(None, gt=0)
     latency_ms: float | None = Field(None, gt=0)
