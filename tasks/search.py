@@ -77,7 +77,8 @@ def run_search(p: Params, student: str) -> dict[str, Any]:
     say(f"search[{student}]: timing the teacher and {len(cands)} candidates ({budget.describe()})")
     teacher_ms, timed = time_candidates(teacher, cands, budget)
     del teacher
-    final = finalists(within_budget(timed, teacher_ms, budget), spec.shapes)
+    keep = within_budget(timed, teacher_ms, budget)
+    final = finalists(keep, spec.shapes)
     by_name = {t.candidate.shape_name: t for t in final}
     teachers = {task: _teacher_main(task) for task in tasks}
     contexts = {task: task_context(p, f"{student}:{task}", paths.search(student)) for task in tasks}
@@ -95,7 +96,7 @@ def run_search(p: Params, student: str) -> dict[str, Any]:
             f"examples per task: mean dev retention {mean:.3f}")
         return mean
 
-    say(f"search[{student}]: {len(final)} of {len(timed)} candidates meet the budget and enter the halving: "
+    say(f"search[{student}]: {len(keep)} of {len(timed)} candidates meet the budget; {len(final)} enter the halving: "
         + ", ".join(f"{t.candidate.name} ({t.ms:.2f} ms)" for t in final))
     winner, rounds = successive_halving(list(by_name), score, spec.train_examples)
     chosen = by_name[winner]
