@@ -412,3 +412,20 @@ def test_a_hub_dataset_is_read_at_the_revision_the_cache_holds_and_a_new_revisio
     hub_dataset.cache_clear()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert hub_dataset("org/not-cached") == "org/not-cached"  # offline and not cached: the load says why
+
+
+def test_each_task_kind_names_the_hub_dataset_it_is_prepared_from(tmp_path):
+    """GLUE from the Hub reads nyu-mll/glue, SQuAD rajpurkar/squad (a task of your own its `hub`: the revision test
+    above); the demo none."""
+    from distillery.task_kinds import task_kind
+
+    hub = parse_params({"data": {"source": "hub", "tasks": ["sst2", "squad"]},
+                        "teacher": {"init": "scratch", "shape": {"layers": 2, "hidden": 16, "heads": 2,
+                                                                 "intermediate": 32}},
+                        "students": {"tiny": {"recipe": "tinybert", "shape": {"layers": 1, "hidden": 16, "heads": 2,
+                                                                               "intermediate": 32}}}},
+                       str(tmp_path / "params.yaml"))
+    assert task_kind("sst2", hub.data).hub_dataset_id(hub.data) == "nyu-mll/glue"
+    assert task_kind("squad", hub.data).hub_dataset_id(hub.data) == "rajpurkar/squad"
+    demo = params(tmp_path, {}, tasks=["demo"])
+    assert task_kind("demo", demo.data).hub_dataset_id(demo.data) is None

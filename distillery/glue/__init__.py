@@ -2,6 +2,7 @@
 
 from distillery.glue.encode import encode
 from distillery.glue.loaders import (
+    HUB_ID,
     UNLABELED,
     GlueFileError,
     available_splits,
@@ -31,7 +32,7 @@ from distillery.glue.tasks import (
 )
 
 __all__ = [
-    "GLUE_TASKS", "GLUE_TEST_ROWS", "TASKS", "UNLABELED", "GlueFileError", "TaskSpec", "UnknownTaskError",
+    "GLUE_TASKS", "GLUE_TEST_ROWS", "HUB_ID", "TASKS", "UNLABELED", "GlueFileError", "TaskSpec", "UnknownTaskError",
     "available_splits", "check_submission", "compute_metrics", "encode", "format_predictions", "get_task",
     "glue_stats", "load_hub", "load_local", "load_split_file", "main_score", "register_task", "split_stats",
     "submission_filename", "task_dir", "tasks_evaluated_with", "trivial_baseline", "trivial_predictions",
