@@ -162,9 +162,9 @@ class ClassificationKind:
         return {"pipeline_tag": "text-classification", "tag": "glue" if self.task in glue.GLUE_TASKS else self.task,
                 "type": "text-regression" if spec.is_regression else "text-classification",
                 "dataset": {"name": f"GLUE {spec.glue_name}" if spec.submission_file else spec.glue_name,
-                            "type": "nyu-mll/glue" if spec.hub_config else "own data" if own else "generated",
+                            "type": glue.HUB_ID if spec.hub_config else "own data" if own else "generated",
                             **({"config": spec.hub_config} if spec.hub_config else {}), "split": "dev"},
-                "hub": "nyu-mll/glue" if spec.hub_config else None,
+                "hub": glue.HUB_ID if spec.hub_config else None,
                 "what": f"{spec.glue_name} ({'regression' if spec.is_regression else 'labels ' + ', '.join(spec.labels)})",
                 "use": ('model.predict(pd.DataFrame({"text": ["first sentence"], "text_pair": ["second sentence"]}))'
                         if spec.is_pair else 'model.predict(["a sentence"])')}
@@ -240,7 +240,7 @@ class SpanKind:
         return {"doc_stride": self.doc_stride, "max_query_length": self.max_query_length}
 
     def card(self, data) -> dict[str, Any]:
-        hub = f"rajpurkar/{self.task}" if data.source == "hub" else None
+        hub = self.hub_dataset_id(data)
         split = "validation" if hub else f"the last {data.squad_eval_articles} articles of {data.squad_file}"
         return {"pipeline_tag": "question-answering", "type": "question-answering", "tag": self.task,
                 "dataset": {"name": f"SQuAD v{self.version}", "type": hub or "local", "split": split},

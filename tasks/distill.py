@@ -49,15 +49,18 @@ def teacher_dims(p: Params):
     return dims if dims is not None else Dims.of_config(AutoConfig.from_pretrained(teacher_source(p)))
 
 
-def recipe_of(p: Params, student: str):
-    """The student's recipe; a budgeted student's with the shape its search chose (`tasks.search`)."""
+def chosen(student: str) -> dict[str, Any] | None:
+    """A budgeted student's search result (`tasks.search`: search.json), None before its search ran."""
     import json
 
+    f = paths.search(student) / "search.json"
+    return json.loads(f.read_text(encoding="utf-8")) if f.is_file() else None
+
+
+def recipe_of(p: Params, student: str):
+    """The student's recipe; a budgeted student's with the shape its search chose (`tasks.search`)."""
     recipe = p.students[student]
-    if recipe.budget is None:
-        return recipe
-    chosen = json.loads((paths.search(student) / "search.json").read_text(encoding="utf-8"))["winner"]
-    return recipe.with_shape(chosen["shape"])
+    return recipe if recipe.budget is None else recipe.with_shape(chosen(student)["winner"]["shape"])
 
 
 def student_stages(p: Params, student: str) -> dict:

@@ -80,7 +80,6 @@ class SequenceClassifier(PythonModel):
         labels = [self.labels[i] if i < len(self.labels) else str(i) for i in ids]
         return pd.DataFrame({"label": labels, "score": probs.max(-1).values.double().numpy()})
 
-
     def _logits(self, enc):
         import torch
 

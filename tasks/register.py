@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks import paths, tracking
-from tasks.distill import search_deps
+from tasks.distill import chosen, search_deps
 from tasks.execute import say
 from tasks.provenance import git_commit, lock_outs
 from tasks.stage import SkipStage, Stage, fingerprint, skipped, split_item
@@ -283,8 +283,6 @@ def champion_score(p: Params, client, name: str, champion, task: str) -> tuple[f
 def served_form(p: Params, student: str, task: str) -> str:
     """The form the registered model runs in: a budgeted student's, the one its search chose (and measured); fp32
     otherwise. A span task's reader and a run without ONNX export serve fp32."""
-    from tasks.search import chosen
-
     found = chosen(student) if p.students[student].budget is not None else None
     form = found["winner"]["form"] if found else "fp32"
     why = ("the task's model serves " + ", ".join(task_kind(task).served_forms)

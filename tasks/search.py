@@ -4,8 +4,8 @@ with every candidate timed instead of predicted).
 
 1. Every candidate shape the recipe can train (`Recipe.budget_shapes`) is built with random weights in every deployed
    form and timed beside the fp32 teacher (`distillery.efficiency.budget`); those over the budget are dropped.
-2. The budget's ``shapes`` largest shapes that meet it (each in its most faithful form that does) are trained with the
-   task stage their recipe gives them, on ``train_examples`` training examples of each task, and scored by their mean
+2. ``shapes`` of the shapes that meet it (each in its most faithful form that does; the largest of each depth first,
+   `finalists`) are trained with the task stage their recipe gives them, on ``train_examples`` training examples of each task, and scored by their mean
    dev retention over the tasks; the better half goes on with twice the examples until one is left (successive
    halving). Every task stage of this student then trains the winner fully (`tasks.distill.recipe_of`).
 
@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from tasks import paths
-from tasks.distill import TRAINING_CODE, task_context, task_inputs, teacher_dims
+from tasks.distill import TRAINING_CODE, chosen, task_context, task_inputs, teacher_dims
 from tasks.execute import say
 from tasks.stage import Stage
-from tasks.teacher import encoding, gate_failure
+from tasks.teacher import encoding, gate_failure, teacher_main
 
 from distillery.config import Params
 
@@ -32,15 +32,6 @@ from distillery.config import Params
 def budgeted(p: Params) -> list[str]:
     """The students that give a budget instead of a shape."""
     return [s for s, recipe in p.students.items() if recipe.budget is not None]
-
-
-def _teacher_main(task: str) -> float:
-    import json
-
-    from distillery.task_kinds import task_kind
-
-    metrics = json.loads((paths.teacher(task) / "model" / "metrics.json").read_text(encoding="utf-8"))
-    return task_kind(task).main_score({k.removeprefix("eval_"): v for k, v in metrics.items()})
 
 
 def _brief(ctx, examples: int, seed: int, out: Path):
@@ -80,7 +71,7 @@ def run_search(p: Params, student: str) -> dict[str, Any]:
     keep = within_budget(timed, teacher_ms, budget)
     final = finalists(keep, spec.shapes)
     by_name = {t.candidate.shape_name: t for t in final}
-    teachers = {task: _teacher_main(task) for task in tasks}
+    teachers = {task: teacher_main(task) for task in tasks}
     contexts = {task: task_context(p, f"{student}:{task}", paths.search(student)) for task in tasks}
 
     def score(name: str, examples: int) -> float:
@@ -137,14 +128,6 @@ def _params(p: Params, student: str) -> dict[str, Any]:
 SEARCH = Stage("search", run_search, device="exclusive", deps=_deps, outs=lambda p, s: [paths.search(s)],
                params=_params, code=TRAINING_CODE + ("distillery/efficiency", "distillery/report.py", "distillery/glue",
                                                      "tasks/teacher.py", "tasks/search.py"))
-
-
-def chosen(student: str) -> dict[str, Any] | None:
-    """The search's result for a budgeted student (None before its search ran)."""
-    import json
-
-    f = paths.search(student) / "search.json"
-    return json.loads(f.read_text(encoding="utf-8")) if f.is_file() else None
 
 
 def budget_lines(p: Params, summary: dict[str, Any]) -> list[str]:

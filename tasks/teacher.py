@@ -221,18 +221,23 @@ def beats_trivial(p: Params, score: float, trivial: float) -> bool:
     return score >= trivial + p.teacher_finetune.min_gain_over_trivial
 
 
-def gate_failure(p: Params, task: str) -> TeacherGateError | None:
-    """None when the fine-tuned teacher's main dev score beats the trivial baseline by
-    `teacher_finetune.min_gain_over_trivial`, else the TeacherGateError saying so (one line: scores, baseline, what to
-    change; its `reason` the short form a skipped stage prints)."""
+def teacher_main(task: str) -> float:
+    """The fine-tuned teacher's main dev score (its metrics.json)."""
     import json
 
     from distillery.task_kinds import task_kind
 
+    metrics = json.loads((paths.teacher(task) / "model" / "metrics.json").read_text(encoding="utf-8"))
+    return task_kind(task).main_score({k.removeprefix("eval_"): v for k, v in metrics.items()})
+
+
+def gate_failure(p: Params, task: str) -> TeacherGateError | None:
+    """None when the fine-tuned teacher's main dev score beats the trivial baseline by
+    `teacher_finetune.min_gain_over_trivial`, else the TeacherGateError saying so (one line: scores, baseline, what to
+    change; its `reason` the short form a skipped stage prints)."""
     p = p.for_task(task)
     metrics_file = paths.teacher(task) / "model" / "metrics.json"
-    metrics = {k.removeprefix("eval_"): v for k, v in json.loads(metrics_file.read_text()).items()}
-    score = task_kind(task).main_score(metrics)
+    score = teacher_main(task)
     trivial = trivial_baseline(task)["main"]
     if beats_trivial(p, score, trivial):
         return None

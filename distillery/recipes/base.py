@@ -428,8 +428,8 @@ class Recipe(Section):
         self.budget_shapes(teacher, key)
 
     def budget_shapes(self, teacher: Dims, key: str) -> list[dict[str, int]]:
-        """The budget's candidate shapes (largest first) that this recipe can train from this teacher (each passes
-        `check`); none: a RecipeError naming the first candidate's problem."""
+        """The budget's candidate shapes (in the order of `distillery.efficiency.budget.candidates`) that this recipe
+        can train from this teacher (each passes `check`); none: a RecipeError naming the first candidate's problem."""
         from distillery.efficiency.budget import BudgetError, candidates
 
         b = self.budget
