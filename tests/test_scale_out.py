@@ -155,18 +155,28 @@ class Stack:
         run([*git, "commit", "-q", "-m", "pipeline"], self.project, env)
 
     # ------------------------------------------------------------------ Prefect REST API
+    def call(self, req: urllib.request.Request | str):
+        """One API call. The server answers 503 for errors a client may retry (SQLite busy under load: a CI run saw
+        one on create_flow_run); Prefect's own client retries those with backoff, and so does this one."""
+        for attempt in range(6):
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    body = r.read()
+                return json.loads(body) if body else None
+            except urllib.error.HTTPError as e:
+                if e.code != 503 or attempt == 5:
+                    raise
+                time.sleep(2 ** attempt)
+
     def get(self, path: str):
-        with urllib.request.urlopen(self.api + path, timeout=30) as r:
-            return json.load(r)
+        return self.call(self.api + path)
 
     def post(self, path: str, body: dict):
-        req = urllib.request.Request(self.api + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return json.load(r)
+        return self.call(urllib.request.Request(self.api + path, data=json.dumps(body).encode(),
+                                                headers={"Content-Type": "application/json"}))
 
     def delete(self, path: str) -> None:
-        urllib.request.urlopen(urllib.request.Request(self.api + path, method="DELETE"), timeout=30).close()
+        self.call(urllib.request.Request(self.api + path, method="DELETE"))
 
     def scheduled_runs(self, deployment_id: str) -> list[dict]:
         """The deployment's flow runs that its schedules created, the earliest expected first."""
