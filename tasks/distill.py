@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from tasks import paths
 from tasks.launch import distributed, distributed_params
-from tasks.stage import Stage, split_item
+from tasks.stage import SkipStage, Stage, skipped, split_item
 from tasks.teacher import (checkpoint_options, encoding, finish, load_task, teacher_gate, teacher_source,
                            train_options)
 
@@ -50,7 +50,8 @@ def teacher_dims(p: Params):
 
 
 def chosen(student: str) -> dict[str, Any] | None:
-    """A budgeted student's search result (`tasks.search`: search.json), None before its search ran."""
+    """A budgeted student's search result (`tasks.search`: search.json), None before its search ran or where it
+    skipped."""
     import json
 
     f = paths.search(student) / "search.json"
@@ -58,9 +59,17 @@ def chosen(student: str) -> dict[str, Any] | None:
 
 
 def recipe_of(p: Params, student: str):
-    """The student's recipe; a budgeted student's with the shape its search chose (`tasks.search`)."""
+    """The student's recipe; a budgeted student's with the shape its search chose (`tasks.search`). A stage of a
+    budgeted student whose search skipped (no teacher passed the gate) skips too (`SkipStage`, with the reason)."""
     recipe = p.students[student]
-    return recipe if recipe.budget is None else recipe.with_shape(chosen(student)["winner"]["shape"])
+    if recipe.budget is None:
+        return recipe
+    if (found := chosen(student)) is None:
+        reason = skipped(paths.search(student))
+        if reason is None:
+            raise FileNotFoundError(f"{paths.search(student) / 'search.json'}: {student}'s search has not run")
+        raise SkipStage(f"{student}: its search skipped: {reason}", f"its search skipped: {reason}")
+    return recipe.with_shape(found["winner"]["shape"])
 
 
 def student_stages(p: Params, student: str) -> dict:

@@ -23,7 +23,7 @@ from typing import Any
 from tasks import paths
 from tasks.distill import TRAINING_CODE, chosen, task_context, task_inputs, teacher_dims
 from tasks.execute import say
-from tasks.stage import Stage
+from tasks.stage import SkipStage, Stage
 from tasks.teacher import encoding, gate_failure, teacher_main
 
 from distillery.config import Params
@@ -56,7 +56,8 @@ def run_search(p: Params, student: str) -> dict[str, Any]:
 
     tasks = [t for t in p.data.tasks if gate_failure(p, t) is None]
     if not tasks:
-        return {"skipped": "every task's teacher failed the gate: nothing to search on"}
+        raise SkipStage(f"search[{student}]: every task's teacher failed the gate: nothing to search on",
+                        "every task's teacher failed the gate")
     recipe, key = p.students[student], f"students.{student}"
     spec = recipe.budget
     budget = spec.budget(p.evaluation.latency_seq_len)

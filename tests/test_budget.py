@@ -12,7 +12,7 @@ from distillery.efficiency.budget import (Budget, BudgetError, Candidate, Timed,
                                           successive_halving, time_candidates, within_budget)
 from distillery.models import Dims
 
-from helpers import bert_config
+from helpers import ONE_STUDENT, bert_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -184,3 +184,23 @@ def test_a_margin_keeps_part_of_the_limit_free():
     assert "10% margin" in Budget(speedup=5, margin=0.1).describe()
     with pytest.raises(BudgetError, match="margin"):
         Budget(speedup=5, margin=1.0)
+
+
+def test_a_search_with_no_teacher_past_the_gate_skips_and_so_do_its_students_stages(tmp_path, monkeypatch):
+    """Every task's teacher failed the gate: the search leaves skip records (not nothing), and the stages that need
+    its shape (the direct baseline, which reads no gate) skip with its reason instead of failing on a missing file."""
+    from distillery.config import parse_params
+    from tasks import distill, paths, search, stage
+    from tasks.teacher import TeacherGateError
+
+    monkeypatch.setattr(paths, "MODELS", tmp_path / "models")
+    monkeypatch.setattr(stage, "STAMPS", tmp_path / "stamps")
+    monkeypatch.setattr(search, "gate_failure", lambda p, task: TeacherGateError(f"{task}: teacher below trivial"))
+    p = parse_params({**ONE_STUDENT, "students": {"s": {"recipe": "tinybert", "init": "pruned",
+                                                        "budget": {"speedup": 5, "depths": [1]}}}}, "params.yaml")
+    with pytest.raises(FileNotFoundError, match="search has not run"):
+        distill.recipe_of(p, "s")
+    assert stage.run_stage(search.SEARCH, p, "s", key="k") == {"skipped": "every task's teacher failed the gate"}
+    assert stage.skipped(paths.search("s")) == "every task's teacher failed the gate"
+    with pytest.raises(stage.SkipStage, match="its search skipped: every task's teacher failed the gate"):
+        distill.recipe_of(p, "s")
