@@ -26,7 +26,7 @@ def test_the_squad_recipes_run_shares_the_squad_presets_teacher():
     squad, extra = (yaml.safe_load((ROOT / "params" / f"{n}.yaml").read_text()) for n in ("squad", "squad-recipes"))
     for section in ("seed", "data", "teacher", "teacher_finetune", "augment", "evaluation"):
         assert extra[section] == squad[section], section
-    assert {r["recipe"] for r in extra["students"].values()} == {"minilm", "distilbert", "mobilebert"}
+    assert {r["recipe"] for r in extra["students"].values()} == {"minilm", "distilbert", "mobilebert", "pkd"}
 
 
 def test_the_five_recipes_run_shares_the_local_presets_teacher_and_student():
