@@ -156,8 +156,8 @@ class Stack:
 
     # ------------------------------------------------------------------ Prefect REST API
     def call(self, req: urllib.request.Request | str):
-        """One API call. The server answers 503 for errors a client may retry (SQLite busy under load: a CI run saw
-        one on create_flow_run); Prefect's own client retries those with backoff, and so does this one."""
+        """One API call. The server answers 503 for the errors it deems retryable (a busy database, for one; a CI run
+        got one on create_flow_run); Prefect's own client retries those with backoff, and so does this one."""
         for attempt in range(6):
             try:
                 with urllib.request.urlopen(req, timeout=30) as r:
