@@ -324,6 +324,19 @@ def test_mlm_without_head_is_refused_in_params(models, tmp_path, capsys, no_pipe
     assert_one_error(rc, error_lines(capsys.readouterr().err), "augment.mlm:", "has no MLM head (saved as BertModel)")
 
 
+def test_a_stage_command_with_an_item_it_does_not_run_is_one_error(tmp_path, capsys):
+    """`python -m flows.stage`: an item the stage has no such run for, or `all` with an item, is one `error:` line
+    naming what is valid, before any work."""
+    from flows.stage import main as stage_main
+
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(demo_params()))
+    for argv, needles in ((["prepare_task", "--item", "sst2"], ("prepare_task: item 'sst2' is not one of", "demo")),
+                          (["all", "--item", "demo"], ("all: --item names one stage's item",))):
+        rc = stage_main([*argv, "--params", str(params)])
+        assert_one_error(rc, error_lines(capsys.readouterr().err), *needles)
+
+
 @pytest.mark.parametrize("preset", ["nope", "../params", "/etc/passwd"])
 def test_unknown_preset(preset, capsys, no_pipeline):
     rc = no_pipeline.main(["--preset", preset])
