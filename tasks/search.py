@@ -5,9 +5,10 @@ with every candidate timed instead of predicted).
 1. Every candidate shape the recipe can train (`Recipe.budget_shapes`) is built with random weights in every deployed
    form and timed beside the fp32 teacher (`distillery.efficiency.budget`); those over the budget are dropped.
 2. ``shapes`` of the shapes that meet it (each in its most faithful form that does; the largest of each depth first,
-   `finalists`) are trained with the task stage their recipe gives them, on ``train_examples`` training examples of each task, and scored by their mean
-   dev retention over the tasks; the better half goes on with twice the examples until one is left (successive
-   halving). Every task stage of this student then trains the winner fully (`tasks.distill.recipe_of`).
+   `finalists`) are trained with the task stage their recipe gives them, on ``train_examples`` training examples of
+   each task, and scored by their mean dev retention over the tasks; the better half goes on with twice the examples
+   until one is left (successive halving). Every task stage of this student then trains the winner fully
+   (`tasks.distill.recipe_of`).
 
 Writes ``models/search/<student>/search.json`` (the budget, the teacher's time, every candidate's time, speedup,
 parameters and round scores, the winner) and ``pareto.png`` (latency vs mean retention).
@@ -91,7 +92,7 @@ def run_search(p: Params, student: str) -> dict[str, Any]:
     say(f"search[{student}]: {len(keep)} of {len(timed)} candidates meet the budget; {len(final)} enter the halving: "
         + ", ".join(f"{t.candidate.name} ({t.ms:.2f} ms)" for t in final))
     winner, rounds = successive_halving(list(by_name), score, spec.train_examples)
-    chosen = by_name[winner]
+    best = by_name[winner]
     limit = budget.limit_ms(teacher_ms)
     rows = [{"name": t.candidate.name, "shape": t.candidate.shape, "form": t.candidate.form, "ms": round(t.ms, 4),
              "speedup": round(t.speedup, 3), "params": t.params, "meets_budget": t.ms <= limit,
@@ -99,16 +100,16 @@ def run_search(p: Params, student: str) -> dict[str, Any]:
                                                 if t in final and t.candidate.shape_name in r]} for t in timed]
     result = {"budget": budget.describe(), "limit_ms": round(limit, 4), "teacher_ms": round(teacher_ms, 4),
               "tasks": tasks, "teacher_scores": teachers, "rounds": rounds, "candidates": rows,
-              "winner": {"shape": chosen.candidate.shape, "form": chosen.candidate.form, "ms": round(chosen.ms, 4),
-                         "speedup": round(chosen.speedup, 3), "params": chosen.params, "name": chosen.candidate.name}}
+              "winner": {"shape": best.candidate.shape, "form": best.candidate.form, "ms": round(best.ms, 4),
+                         "speedup": round(best.speedup, 3), "params": best.params, "name": best.candidate.name}}
     out = paths.search(student)
     with atomic_dir(out) as tmp:
         write_json(tmp / "search.json", result)
-        search_plot(rows, teacher_ms, limit, chosen.candidate.name, tmp / "pareto.png")
-    say(f"search[{student}]: chosen {chosen.candidate.name}: {chosen.ms:.2f} ms, {chosen.speedup:.2f}x the fp32 "
-        f"teacher ({teacher_ms:.2f} ms), {chosen.params / 1e6:.2f} M parameters")
-    return {"metrics": {"teacher_ms": teacher_ms, "chosen_ms": chosen.ms, "chosen_speedup": chosen.speedup,
-                        "chosen_params": chosen.params, "candidates_timed": len(timed),
+        search_plot(rows, teacher_ms, limit, best.candidate.name, tmp / "pareto.png")
+    say(f"search[{student}]: chosen {best.candidate.name}: {best.ms:.2f} ms, {best.speedup:.2f}x the fp32 "
+        f"teacher ({teacher_ms:.2f} ms), {best.params / 1e6:.2f} M parameters")
+    return {"metrics": {"teacher_ms": teacher_ms, "chosen_ms": best.ms, "chosen_speedup": best.speedup,
+                        "chosen_params": best.params, "candidates_timed": len(timed),
                         "candidates_in_budget": sum(r["meets_budget"] for r in rows), "finalists": len(final),
                         **{f"retention.{n}.r{i}": s for i, r in enumerate(rounds) for n, s in r.items()}},
             "artifacts": [out / "search.json", out / "pareto.png"]}
