@@ -41,6 +41,11 @@ def teacher(task: str) -> Path:
     return MODELS / "teacher" / task
 
 
+def teacher_metrics(task: str) -> Path:
+    """The fine-tuned teacher's dev metrics (``eval_``-prefixed, as the Trainer writes them)."""
+    return teacher(task) / "model" / "metrics.json"
+
+
 def augmented(task: str) -> Path:
     return DATA / "augmented" / f"{task}.tsv"
 

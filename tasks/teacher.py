@@ -198,7 +198,7 @@ def _given_teacher(p: Params, task: str) -> dict[str, Any]:
         metrics, _ = kind.evaluate(tmp, load_task(task), p.data.max_length)
         write_json(tmp / "metrics.json", {f"eval_{k}": v for k, v in metrics.items()})
     return {"metrics": {f"dev_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))},
-            "metrics_file": paths.teacher(task) / "model" / "metrics.json"}
+            "metrics_file": paths.teacher_metrics(task)}
 
 
 class TeacherGateError(SkipStage, UserError, RuntimeError):
@@ -227,7 +227,7 @@ def teacher_main(task: str) -> float:
 
     from distillery.task_kinds import task_kind
 
-    metrics = json.loads((paths.teacher(task) / "model" / "metrics.json").read_text(encoding="utf-8"))
+    metrics = json.loads(paths.teacher_metrics(task).read_text(encoding="utf-8"))
     return task_kind(task).main_score({k.removeprefix("eval_"): v for k, v in metrics.items()})
 
 
@@ -236,7 +236,6 @@ def gate_failure(p: Params, task: str) -> TeacherGateError | None:
     `teacher_finetune.min_gain_over_trivial`, else the TeacherGateError saying so (one line: scores, baseline, what to
     change; its `reason` the short form a skipped stage prints)."""
     p = p.for_task(task)
-    metrics_file = paths.teacher(task) / "model" / "metrics.json"
     score = teacher_main(task)
     trivial = trivial_baseline(task)["main"]
     if beats_trivial(p, score, trivial):
@@ -246,7 +245,7 @@ def gate_failure(p: Params, task: str) -> TeacherGateError | None:
         f"{task}: the fine-tuned teacher scores {score:.4f} on dev, the trivial baseline {trivial:.4f} "
         f"(needed: +{gain}); it has not learned the task, so nothing is distilled for it. "
         f"Train it longer or on more data (teacher_finetune.epochs / learning_rate, data.max_train_examples), or lower "
-        f"teacher_finetune.min_gain_over_trivial ({metrics_file})",
+        f"teacher_finetune.min_gain_over_trivial ({paths.teacher_metrics(task)})",
         f"the {task} teacher failed the gate (dev {score:.4f}, trivial baseline {trivial:.4f}, needed +{gain})")
 
 

@@ -338,3 +338,52 @@ def test_the_extra_step_is_kept_only_when_it_is_not_worse_on_dev(monkeypatch, tm
     grid, curve = recipe.task_stage(ctx)
     assert started == [tmp_path / "grid" / "model"]  # the extra step starts from the best fine-tuned run
     assert grid.best_dir == tmp_path / kept / "model" and curve is None
+
+
+def test_minilm_intermediate_step_distils_the_last_layer_on_the_task_before_fine_tuning(tok, tmp_path):
+    """`intermediate_step: true` (a CPU-budget option; the paper distils task-agnostically only): eqs. 6-9 from the
+    fine-tuned teacher on the task's training set, then fine-tuning starts from that model, not from the init."""
+    import json
+    from types import SimpleNamespace
+
+    from distillery.training.finetune import finetune
+    from distillery.training.metrics import accuracy
+    from distillery.training.spec import Grid
+
+    train, dev = encoded(tok, 256, seed=21), encoded(tok, 96, seed=22)
+    torch.manual_seed(0)
+    teacher_dir = finetune(transformers.BertForSequenceClassification(bert_config(tok.vocab_size, 4, num_labels=2)),
+                           TrainRun(tmp_path / "teacher", train, dev, tokenizer=tok, compute_metrics=accuracy,
+                                    main_score="accuracy", args={**FAST, "num_train_epochs": 4, "learning_rate": 3e-3,
+                                                                 "per_device_train_batch_size": 16}))
+    teacher = transformers.AutoModelForSequenceClassification.from_pretrained(teacher_dir)
+    template = TrainRun(tmp_path, None, tokenizer=tok, compute_metrics=accuracy, main_score="accuracy",
+                        args={**FAST, "seed": 0})
+    sections = SimpleNamespace(student_dropout=None, finetune=None, intermediate=None)
+    loaded = []
+
+    def load(path):
+        loaded.append(path)
+        return transformers.AutoModelForSequenceClassification.from_pretrained(path)
+
+    ctx = SimpleNamespace(teacher=teacher, tokenizer=tok, labels={"num_labels": 2}, head="sequence-classification",
+                          data=lambda augmented: (train, dev), out=tmp_path / "student", sections=sections,
+                          general=None, pretrained=None, load=load,
+                          train_args=lambda section: {**FAST, "logging_steps": 2, "learning_rate": 3e-3,
+                                                      "per_device_train_batch_size": 16, "num_train_epochs": 3},
+                          grid=lambda section: (Grid(learning_rates=(3e-3,), batch_sizes=(16,), epochs=3), template))
+    shape = {"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64}
+    with pytest.raises(ValueError, match="intermediate_step"):
+        MiniLMRecipe(shape=shape, intermediate_step="sometimes")
+    recipe = MiniLMRecipe(shape=shape, init={"teacher_layers": [1, 3]}, general_distillation=False,
+                          intermediate_step=True)
+    grid, curve = recipe.task_stage(ctx)
+    step1 = tmp_path / "student" / "intermediate" / "model"
+    assert curve == step1 / "train_log.csv" and loaded == [step1]  # fine-tuning started from step 1's model
+    rows = [r for r in read_log(curve) if r.get("loss")]
+    assert {"train_attention_kl", "train_value_relation_kl"} <= set(rows[0])
+    assert float(rows[-1]["loss"]) < float(rows[0]["loss"]), rows
+    assert json.loads((grid.best_dir / "metrics.json").read_text())["eval_accuracy"] > 0.7
+    # an interrupted stage reuses a finished step 1 under the same key
+    recipe.task_stage(ctx)
+    assert loaded == [step1, step1]

@@ -571,17 +571,26 @@ class Recipe(Section):
 
     def task_stage(self, ctx: TaskContext):
         """Fine-tuning over the grid on the gold labels (MiniLM, DistilBERT, MobileBERT), then, with
-        ``task_distillation``, prediction-layer distillation of the best fine-tuned run over the grid
-        ``task_distillation.prediction``; the student is the better of the two on dev (the extra step's runs join the
-        grid's candidates: the same selection on dev the grid makes among its own runs; a tie keeps the extra step).
-        Every recipe returns (the GridResult whose best run becomes the student, the training curve to report or None
-        for the best run's)."""
-        grid = finetune_grid(ctx, task_student(self, ctx), ctx.out / "grid")
+        ``task_distillation``, the extra step (`fine_tune`). Every recipe returns (the GridResult whose best run becomes
+        the student, the training curve to report or None for the best run's)."""
+        return self.fine_tune(ctx, task_student(self, ctx)), None
+
+    def fine_tune(self, ctx: TaskContext, start: Callable[[], Any]):
+        """Fine-tuning of ``start`` over the grid on the gold labels, then, with ``task_distillation``,
+        prediction-layer distillation of the best fine-tuned run over the grid ``task_distillation.prediction``; the
+        student is the better of the two on dev (the extra step's runs join the grid's candidates: the same selection
+        on dev the grid makes among its own runs; a tie keeps the extra step)."""
+        grid = finetune_grid(ctx, start, ctx.out / "grid")
         if self.task_distillation:
             best = grid.best_dir
             distilled = prediction_stage(self, ctx, lambda: ctx.load(best), ctx.out / "grid-distill")
             grid = max((distilled, grid), key=lambda g: g.best["main"])
-        return grid, None
+        return grid
+
+    def task_projection(self, ctx: TaskContext, student):
+        """The hidden-state projection task-distillation step 1 continues (`intermediate_stage`): None for objectives
+        without one (TinyBERT: its general student's W_h)."""
+        return None
 
     def direct_stage(self, ctx: TaskContext):
         """The same student trained without a teacher (TinyBERT's BERT-small row): its architecture and
@@ -647,6 +656,26 @@ def task_student(recipe: Recipe, ctx: TaskContext, *, general: bool = True) -> C
     from distillery.models import set_dropout
 
     return lambda: set_dropout(factory(), rate)
+
+
+def intermediate_stage(recipe: Recipe, ctx: TaskContext, start: Callable[[], Any], *, augmented: bool = False) -> Path:
+    """Task-distillation step 1 (TinyBERT, Algorithm 1): the recipe's layer-wise objectives on the task's training
+    set (the augmented one when asked) from the fine-tuned teacher, over ``task_distillation.intermediate``; the
+    step's model directory (reused when it finished before an interruption, under the same stage key)."""
+    from distillery.models import num_layers
+    from distillery.training.distill import distill
+    from distillery.training.spec import TrainRun
+
+    step1 = ctx.out / "intermediate" / "model"
+    if (step1 / "config.json").is_file():
+        return step1
+    model = start()
+    train, _ = ctx.data(augmented)
+    spec = recipe.layer_wise_spec(num_layers(model), num_layers(ctx.teacher),
+                                  projection=recipe.task_projection(ctx, model))
+    # (the saved config carries task_distillation.student_dropout, so a reload keeps it)
+    return distill(ctx.teacher, model, spec, TrainRun(ctx.out / "intermediate", train, tokenizer=ctx.tokenizer,
+                                                      args=ctx.train_args(ctx.sections.intermediate)))
 
 
 def finetune_grid(ctx: TaskContext, student, out: Path, *, augmented: bool = False):

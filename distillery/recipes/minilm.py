@@ -6,6 +6,10 @@
        (``relation_kl``: Q-Q, K-K, V-V relations over ``relation_heads`` heads)
     -> fine-tuning on the task (the grid, gold labels)
 
+CPU-budget options (the paper distils task-agnostically only): ``intermediate_step`` runs the same last-layer
+objectives from the fine-tuned teacher on the task's training set before fine-tuning (TinyBERT's task step 1 with
+MiniLM's losses); ``task_distillation`` adds the prediction-layer extra step after it (`Recipe.fine_tune`).
+
 The teacher assistant is used for M <= L/2 and d' <= d/2 (``teacher_assistant: auto``), always (``on``) or never
 (``off``). No official training code exists; see ``reference/official-code.md``.
 """
@@ -17,7 +21,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from distillery.models import Dims
-from distillery.recipes.base import Recipe, RecipeError, StageContext, StudentStage
+from distillery.recipes.base import (Recipe, RecipeError, StageContext, StudentStage, TaskContext, intermediate_stage,
+                                     task_student)
 from distillery.recipes.registry import register_recipe
 
 
@@ -28,6 +33,9 @@ class MiniLMRecipe(Recipe):
     recipe: Literal["minilm"] = "minilm"
     relation_heads: int = Field(12, ge=1)         # MiniLMv2 relation heads (objective relation_kl)
     teacher_assistant: Literal["auto", "on", "off"] = "auto"  # Sec. 3.3
+    #: before fine-tuning, eqs. 6-9 from the fine-tuned teacher on the task's training set (``task_distillation.
+    #: intermediate``), as TinyBERT's task step 1 does with its losses; the paper distils task-agnostically only
+    intermediate_step: bool = False
 
     OBJECTIVES: ClassVar[dict[str, float]] = {"attention_kl": 1.0, "value_relation_kl": 1.0, "relation_kl": 0.0}
     STUDENT_STAGES: ClassVar[dict[str, str]] = {"teacher_assistant": "assistant", "general_distillation": "general"}
@@ -61,6 +69,8 @@ class MiniLMRecipe(Recipe):
         ta = self.assistant_dims(teacher, key)
         names = set(self.weights.active())
         pairs = [("teacher", teacher, s)] if ta is None else [("teacher", teacher, ta), ("teacher assistant", ta, s)]
+        if ta is not None and self.intermediate_step:  # step 1 distils from the fine-tuned teacher itself
+            pairs.append(("teacher", teacher, s))
         for what, big, small in pairs:
             if {"attention_kl", "value_relation_kl"} & names and big.heads != small.heads:
                 raise RecipeError(
@@ -75,6 +85,13 @@ class MiniLMRecipe(Recipe):
     def stages(self, teacher: Dims) -> dict[str, StudentStage]:
         first = {"teacher_assistant": StudentStage(self.assistant_stage)} if self.assistant_dims(teacher) else {}
         return {**first, **super().stages(teacher)}
+
+    def task_stage(self, ctx: TaskContext):
+        """Fine-tuning (and the extra step, `Recipe.fine_tune`), after step 1 when ``intermediate_step``."""
+        if not self.intermediate_step:
+            return super().task_stage(ctx)
+        step1 = intermediate_stage(self, ctx, task_student(self, ctx))
+        return self.fine_tune(ctx, lambda: ctx.load(step1)), step1 / "train_log.csv"
 
     def general_teacher(self, ctx: StageContext):
         """Sec. 3.3: with an assistant, the student is distilled from it instead of the teacher."""

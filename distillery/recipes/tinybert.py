@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 from distillery.models import Dims
-from distillery.recipes.base import Recipe, RecipeError, TaskContext, prediction_stage, task_student
+from distillery.recipes.base import (Recipe, RecipeError, TaskContext, intermediate_stage, prediction_stage,
+                                     task_student)
 from distillery.recipes.registry import register_recipe
 
 
@@ -95,25 +96,17 @@ class TinyBertRecipe(Recipe):
         n_states = max(1, len(self.map_layers(num_layers(student), num_layers(teacher)).hidden))
         return HiddenProjection.selecting(channels, hidden_size(teacher), n_states, shared=not self.per_layer_projection)
 
+    def task_projection(self, ctx: TaskContext, student):
+        """Step 1 continues the general student's W_h, or starts a pruned student's from its kept channels."""
+        return ctx.general or self.pruned_projection(student, ctx.teacher)
+
     def task_stage(self, ctx: TaskContext):
         """Step 1 (intermediate layers on the augmented set, continuing the general student's projection), then
         step 2 (prediction layer over the grid; teacher logits computed once and reused by every run)."""
-        from distillery.models import num_layers
-        from distillery.training.distill import distill
-        from distillery.training.spec import TrainRun
-
         augmented = self.augmentation
         start = task_student(self, ctx)
         if not self.intermediate_step:  # step 2 alone, from where the task stage starts
             return prediction_stage(self, ctx, start, ctx.out / "grid", augmented=augmented), None
-        step1 = ctx.out / "intermediate" / "model"
-        if not (step1 / "config.json").is_file():  # else finished before an interruption, under this stage key
-            model = start()
-            train, _ = ctx.data(augmented)
-            spec = self.layer_wise_spec(num_layers(model), num_layers(ctx.teacher),
-                                        projection=ctx.general or self.pruned_projection(model, ctx.teacher))
-            step1 = distill(ctx.teacher, model, spec, TrainRun(ctx.out / "intermediate", train, tokenizer=ctx.tokenizer,
-                                                                args=ctx.train_args(ctx.sections.intermediate)))
-        # (step 1's saved config carries task_distillation.student_dropout, so the reload keeps it)
+        step1 = intermediate_stage(self, ctx, start, augmented=augmented)
         grid = prediction_stage(self, ctx, lambda: ctx.load(step1), ctx.out / "grid", augmented=augmented)
         return grid, step1 / "train_log.csv"
