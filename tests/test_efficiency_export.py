@@ -43,6 +43,27 @@ def test_onnx_matches_pytorch_logits_with_dynamic_axes(exported):
         assert np.abs(got - ref).max() <= 1e-4
 
 
+def test_int8_weights_get_one_scale_per_output_channel(tmp_path):
+    """A layer whose output channels have very different ranges (as trained BERT layers do) loses little with a scale
+    per channel; with one scale per tensor its small channels round to a few levels."""
+    model = tiny_bert_classifier()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module.out_features > 3:
+                module.weight[: module.out_features // 2] *= 0.02  # half the channels ~50x smaller
+    model.save_pretrained(tmp_path / "model")
+    fp32 = export_onnx(tmp_path / "model", tmp_path / "model.onnx").path
+    feats = {"input_ids": [[2, 5, 6, 7, 8, 9, 10, 11], [3, 4, 5]]}
+    ref = OnnxModel(fp32).predict(feats)
+    err = {}
+    for per_channel in (True, False):
+        q = quantize_onnx(fp32, tmp_path / f"int8-{per_channel}.onnx", per_channel=per_channel)
+        err[per_channel] = float(np.abs(OnnxModel(q).predict(feats) - ref).max())
+    assert 0 < err[True] < err[False] / 2, err
+    deployed = OnnxModel(quantize_onnx(fp32, tmp_path / "int8.onnx")).predict(feats)  # what evaluate and serving use
+    assert float(np.abs(deployed - ref).max()) == err[True]
+
+
 def test_check_onnx_detects_a_different_model(exported):
     _, result, _ = exported
     other = tiny_bert_classifier()
