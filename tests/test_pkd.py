@@ -20,7 +20,7 @@ from distillery.recipes import RECIPES, RecipeError
 from distillery.training.log import read_log
 from distillery.training.spec import Grid, TrainRun
 
-from helpers import FAST, bert_config, encoded, tokenizer  # noqa: F401
+from helpers import FAST, bert_config, finetuned_teacher, tokenizer  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models on one intra-op thread (tests/conftest.py)
 
@@ -155,16 +155,9 @@ def test_student_and_its_direct_baseline_start_from_the_pretrained_teacher(tok, 
 
 def test_task_stage_end_to_end(tok, tmp_path):
     """The recipe's task stage on a tiny fine-tuned teacher: every term logged, the student beats chance on dev."""
-    from distillery.training.finetune import finetune
     from distillery.training.metrics import accuracy
 
-    train, dev = encoded(tok, 256, seed=21), encoded(tok, 96, seed=22)
-    torch.manual_seed(0)
-    teacher_dir = finetune(transformers.BertForSequenceClassification(bert_config(tok.vocab_size, 4, num_labels=2)),
-                           TrainRun(tmp_path / "teacher", train, dev, tokenizer=tok, compute_metrics=accuracy,
-                                    main_score="accuracy", args={**FAST, "num_train_epochs": 4, "learning_rate": 3e-3,
-                                                                 "per_device_train_batch_size": 16}))
-    teacher = transformers.AutoModelForSequenceClassification.from_pretrained(teacher_dir)
+    teacher, train, dev = finetuned_teacher(tok, tmp_path / "teacher")
     sections = SimpleNamespace(student_dropout=None, finetune=None)
     template = TrainRun(tmp_path, None, tokenizer=tok, compute_metrics=accuracy, main_score="accuracy",
                         args={**FAST, "seed": 0})

@@ -27,7 +27,7 @@ from distillery.training.spec import TrainRun
 from distillery.training.log import read_log
 from distillery.training.masking import SmoothedMaskingCollator, masking_weights, token_counts
 
-from helpers import FAST, bert_config, encoded, tokenizer  # noqa: F401
+from helpers import FAST, bert_config, encoded, finetuned_teacher, tokenizer  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models on one intra-op thread (tests/conftest.py)
 
@@ -346,17 +346,10 @@ def test_minilm_intermediate_step_distils_the_last_layer_on_the_task_before_fine
     import json
     from types import SimpleNamespace
 
-    from distillery.training.finetune import finetune
     from distillery.training.metrics import accuracy
     from distillery.training.spec import Grid
 
-    train, dev = encoded(tok, 256, seed=21), encoded(tok, 96, seed=22)
-    torch.manual_seed(0)
-    teacher_dir = finetune(transformers.BertForSequenceClassification(bert_config(tok.vocab_size, 4, num_labels=2)),
-                           TrainRun(tmp_path / "teacher", train, dev, tokenizer=tok, compute_metrics=accuracy,
-                                    main_score="accuracy", args={**FAST, "num_train_epochs": 4, "learning_rate": 3e-3,
-                                                                 "per_device_train_batch_size": 16}))
-    teacher = transformers.AutoModelForSequenceClassification.from_pretrained(teacher_dir)
+    teacher, train, dev = finetuned_teacher(tok, tmp_path / "teacher")
     template = TrainRun(tmp_path, None, tokenizer=tok, compute_metrics=accuracy, main_score="accuracy",
                         args={**FAST, "seed": 0})
     sections = SimpleNamespace(student_dropout=None, finetune=None, intermediate=None)
