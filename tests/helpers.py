@@ -109,6 +109,7 @@ def finetuned_teacher(tok, out: Path):
         args={**FAST, "num_train_epochs": 4, "learning_rate": 3e-3, "per_device_train_batch_size": 16}))
     return transformers.AutoModelForSequenceClassification.from_pretrained(path), train, dev
 
+
 # ------------------------------------------------------------------------------------------------ pipeline projects
 
 #: One student per recipe: the end-to-end project (tests/conftest.py::prefect_project), built once per session.
