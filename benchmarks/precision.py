@@ -1,6 +1,6 @@
 """fp32 vs bf16 autocast on this machine, measured side by side in one run (`distillery.precision`).
 
-Run as ``python -m benchmarks.precision``. The same models and inputs in both precisions, interleaved (fp32, bf16,
+Run as ``python -m benchmarks.precision`` (``--device cuda`` on a GPU). The same models and inputs in both precisions, interleaved (fp32, bf16,
 bf16, fp32, ...), after a warm-up; the median of each is reported:
 
   (a) a distillation step of the `local` preset's shapes: a 6 x 384 teacher (all-MiniLM-L6-v2's shape, BERT's
@@ -36,26 +36,31 @@ TEACHER, STUDENT = (6, 384, 12, 1536), (3, 384, 12, 1536)
 VOCAB = 30522
 
 
-def interleaved(fns: dict[str, Callable[[], None]], reps: int) -> dict[str, float]:
-    """Median seconds of each zero-argument function, after one warm-up call each, timed in alternating order."""
+def interleaved(fns: dict[str, Callable[[], None]], reps: int, device: str = "cpu") -> dict[str, float]:
+    """Median seconds of each zero-argument function, after one warm-up call each, timed in alternating order (on a
+    CUDA device each call is waited for before the clock stops)."""
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     for fn in fns.values():
         fn()
+    sync()
     times: dict[str, list[float]] = {name: [] for name in fns}
     names = list(fns)
     for r in range(reps):
         for name in names if r % 2 == 0 else names[::-1]:
             t0 = time.perf_counter()
             fns[name]()
+            sync()
             times[name].append(time.perf_counter() - t0)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def attention_for(form: str, *models) -> None:
-    """Each model with the attention the pipeline gives it at `form` (`distillery.precision.fast_attention`: eager
-    under bf16 on a CPU, PyTorch's SDPA otherwise), switched before every timed call: both forms share the weights."""
+def attention_for(form: str, *models, device: str = "cpu") -> None:
+    """Each model with the attention the pipeline gives it at `form` on `device` (`distillery.precision.fast_attention`:
+    eager under bf16 on a CPU, PyTorch's SDPA otherwise), switched before every timed call: both forms share the
+    weights."""
     for model in models:
         model.set_attn_implementation("sdpa")
-        precision.fast_attention(model, "cpu", form)
+        precision.fast_attention(model, device, form)
 
 
 def _ratio(line: str, t: dict[str, float]) -> float:
@@ -64,15 +69,19 @@ def _ratio(line: str, t: dict[str, float]) -> float:
     return ratio
 
 
-def train_steps(model: torch.nn.Module, inputs: dict[str, torch.Tensor], reps: int, *attention) -> dict[str, float]:
+def train_steps(model: torch.nn.Module, inputs: dict[str, torch.Tensor], reps: int, *attention,
+                device: str = "cpu") -> dict[str, float]:
     """Median seconds of one training step of `model` (forward to its `.loss`, backward, AdamW) in each precision,
-    interleaved; `attention`: the transformers models inside whose attention follows the precision."""
+    interleaved, on `device` (the model and inputs are moved there); `attention`: the transformers models inside whose
+    attention follows the precision."""
+    model.to(device)
+    inputs = {k: v.to(device) for k, v in inputs.items()}
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
 
     def step(form: str) -> Callable[[], None]:
         def run() -> None:
-            attention_for(form, *attention)
-            with precision.autocast("cpu", form):
+            attention_for(form, *attention, device=device)
+            with precision.autocast(device, form):
                 loss = model(**inputs).loss
             loss.backward()
             opt.step()
@@ -80,10 +89,10 @@ def train_steps(model: torch.nn.Module, inputs: dict[str, torch.Tensor], reps: i
 
         return run
 
-    return interleaved({"fp32": step("fp32"), "bf16": step("bf16")}, reps)
+    return interleaved({"fp32": step("fp32"), "bf16": step("bf16")}, reps, device)
 
 
-def distillation_step(batch: int, seq: int, reps: int) -> float:
+def distillation_step(batch: int, seq: int, reps: int, device: str = "cpu") -> float:
     from benchmarks.distill import INTERMEDIATE, student_model, teacher_model
     from benchmarks.distill import batch as make_batch
     from distillery.layer_map import build_layer_map
@@ -91,16 +100,17 @@ def distillation_step(batch: int, seq: int, reps: int) -> float:
     from distillery.training.spec import DistillSpec
 
     torch.manual_seed(0)
-    teacher, student = teacher_model(TEACHER, VOCAB), student_model(STUDENT, VOCAB)
+    teacher, student = teacher_model(TEACHER, VOCAB).to(device), student_model(STUDENT, VOCAB)  # the teacher sits
+    # outside the Distiller's module tree: `train_steps` moves the student and projections, the teacher moves here
     lm = build_layer_map("uniform", STUDENT[0], TEACHER[0])
     distiller = Distiller(student, teacher, DistillSpec(INTERMEDIATE, "intermediate", lm),
                           make_projection(student, teacher, lm)).train()
     inputs = {k: v for k, v in make_batch(batch, seq).items() if k != "labels"}
     return _ratio(f"(a) distillation step, batch {batch}, length {seq}",
-                  train_steps(distiller, inputs, reps, teacher, student))
+                  train_steps(distiller, inputs, reps, teacher, student, device=device))
 
 
-def squad_step(batch: int, reps: int) -> float:
+def squad_step(batch: int, reps: int, device: str = "cpu") -> float:
     from benchmarks.distill import bert_config
 
     torch.manual_seed(0)
@@ -109,21 +119,21 @@ def squad_step(batch: int, reps: int) -> float:
     inputs = {"input_ids": torch.randint(1000, VOCAB, (batch, 384), generator=g),
               "start_positions": torch.randint(0, 384, (batch,), generator=g),
               "end_positions": torch.randint(0, 384, (batch,), generator=g)}
-    return _ratio(f"(b) SQuAD fine-tuning step, batch {batch}, length 384", train_steps(model, inputs, reps, model))
+    return _ratio(f"(b) SQuAD fine-tuning step, batch {batch}, length 384", train_steps(model, inputs, reps, model, device=device))
 
 
-def inference(batch: int, reps: int) -> float:
+def inference(batch: int, reps: int, device: str = "cpu") -> float:
     from benchmarks.distill import teacher_model
     from distillery.efficiency import measure_latency
 
     torch.manual_seed(0)
     model = teacher_model(TEACHER, VOCAB)
-    table = measure_latency({"fp32": model, "bf16": model}, batch=batch, seq_len=128, reps=reps, device="cpu",
+    table = measure_latency({"fp32": model, "bf16": model}, batch=batch, seq_len=128, reps=reps, device=device,
                             precisions={"bf16": "bf16"})
     return _ratio(f"(c) inference, batch {batch}, length 128", {k: r.median_ms / 1000 for k, r in table.items()})
 
 
-def augmentation(sentences: int, mlm: str | None, reps: int) -> float:
+def augmentation(sentences: int, mlm: str | None, reps: int, device: str = "cpu") -> float:
     import tempfile
     from types import SimpleNamespace
 
@@ -135,9 +145,9 @@ def augmentation(sentences: int, mlm: str | None, reps: int) -> float:
         torch.manual_seed(0)
         model = transformers.BertForMaskedLM(transformers.BertConfig(
             vocab_size=len(tok), num_hidden_layers=TEACHER[0], hidden_size=TEACHER[1], num_attention_heads=TEACHER[2],
-            intermediate_size=TEACHER[3])).eval()
+            intermediate_size=TEACHER[3])).eval().to(device)
     else:
-        tok, model = _tokenizer_and_model(SimpleNamespace(mlm=mlm, device="cpu"))
+        tok, model = _tokenizer_and_model(SimpleNamespace(mlm=mlm, device=device))
     aug = Augmenter(model, tok, _vectors(tok, tempfile.mkdtemp(prefix="precision-bench-")), AugmentConfig())
     texts = _sentences(sentences, tok.convert_ids_to_tokens(list(range(len(tok)))))
     analyses = [aug.analyse(t) for t in texts]
@@ -145,18 +155,18 @@ def augmentation(sentences: int, mlm: str | None, reps: int) -> float:
 
     def forwards(form: str) -> Callable[[], None]:
         def run() -> None:
-            attention_for(form, model)
+            attention_for(form, model, device=device)
             with precision.use(form):
                 aug.mlm.forward_only(copies, aug.config.k, aug.config.batch_size)
 
         return run
 
     ratio = _ratio(f"(d) augmentation MLM forwards, {len(copies)} masked copies of {len(texts)} sentences",
-                   interleaved({"fp32": forwards("fp32"), "bf16": forwards("bf16")}, reps))
+                   interleaved({"fp32": forwards("fp32"), "bf16": forwards("bf16")}, reps, device))
     if mlm is not None:  # the MLM's own top-K (the faithful path runs fp32 whatever the precision: this is why)
         ranked = {}
         for form in ("fp32", "bf16"):
-            attention_for(form, model)
+            attention_for(form, model, device=device)
             with precision.use(form):
                 ranked[form] = [c for copy in aug.mlm.topk(copies, aug.config.k, aug.config.batch_size) for c in copy]
         pairs = [(r, g) for r, g in zip(ranked["fp32"], ranked["bf16"]) if r]
@@ -174,18 +184,26 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
     p.add_argument("--sentences", type=int, default=64, help="SST-2 sentences for the augmentation forwards")
     p.add_argument("--mlm", default=None, help="a trained masked-LM directory (e.g. models/teacher-mlm/model)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda: where both precisions run")
     args = p.parse_args(argv)
-    if not precision.bf16_supported("cpu"):
-        print(f"no bf16 to measure: {precision.why_not('cpu')}; the pipeline runs in fp32 here (precision: auto)")
+    dev = args.device
+    if torch.device(dev).type == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device here (torch.cuda.is_available() is False): nothing measured")
+        return None
+    if not precision.bf16_supported(dev):
+        print(f"no bf16 to measure: {precision.why_not(dev)}; the pipeline runs in fp32 here (precision: auto)")
         return None
     if args.threads:
         torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU bf16: "
-          f"{', '.join(precision.cpu_bf16_flags())}", flush=True)
-    res = {"distill_64": distillation_step(32, 64, args.reps), "train_speedup": distillation_step(32, 128, args.reps),
-           "squad_step": squad_step(args.squad_batch, args.reps), "infer_b1": inference(1, 5 * args.reps),
-           "infer_speedup": inference(32, args.reps), "aug_speedup": augmentation(args.sentences, args.mlm, args.reps)}
+    where = (f"{torch.cuda.get_device_name(dev)}" if torch.device(dev).type == "cuda"
+             else f"{torch.get_num_threads()} threads, CPU bf16: {', '.join(precision.cpu_bf16_flags())}")
+    print(f"torch {torch.__version__}, {where}", flush=True)
+    res = {"distill_64": distillation_step(32, 64, args.reps, dev),
+           "train_speedup": distillation_step(32, 128, args.reps, dev),
+           "squad_step": squad_step(args.squad_batch, args.reps, dev), "infer_b1": inference(1, 5 * args.reps, dev),
+           "infer_speedup": inference(32, args.reps, dev),
+           "aug_speedup": augmentation(args.sentences, args.mlm, args.reps, dev)}
     print(f"train_speedup: {res['train_speedup']:.2f} infer_speedup: {res['infer_speedup']:.2f} "
           f"aug_speedup: {res['aug_speedup']:.2f}")
     return res

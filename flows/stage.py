@@ -11,6 +11,10 @@ a Prefect server: the same code and outputs as the Prefect task, with its own ML
 runs every stage of the params, one after another in the flow's order (fresh ones are cached), without Prefect: for
 a machine that has the library but not the `pipeline` extra. With `DISTILLERY_TRACKING=off` (tasks.tracking) it
 needs no MLflow either and leaves the register stage out.
+
+    python -m flows.stage evaluate --item sst2 --upstream
+
+runs that stage after every stage it needs (fresh ones cached), in the same order: one task or student without DVC.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from distillery.errors import UserError, debug_requested, run_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    from flows.stages import STAGES, items, nodes
+    from flows.stages import STAGES, items, needed, nodes
     from tasks import changes, tracking
     from tasks.execute import execute, label, say
 
@@ -35,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("stage", choices=["all", *sorted(STAGES)], help="a stage, or all of them in order")
     parser.add_argument("--item", default=None, help="task, student, or student:task")
     parser.add_argument("--params", default=os.environ.get("DISTILLERY_PARAMS", "params.yaml"))
+    parser.add_argument("--upstream", action="store_true",
+                        help="first run every stage this one needs (fresh ones cached), as `dvc repro STAGE` does")
     parser.add_argument("--debug", action="store_true", help="show the traceback of a user error")
     args = parser.parse_args(argv)
 
@@ -63,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise UserError(f"{args.stage}: item {args.item!r} is not one of {valid} under {args.params}")
             if args.stage == "register":  # refused before the stage starts: no `.started` stamp left behind
                 tracking.require("the register stage")
-            execute(STAGES[args.stage], p, args.item)
+            for name, item in needed(p, (args.stage, args.item)) if args.upstream else [(args.stage, args.item)]:
+                execute(STAGES[name], p, item)
         if args.stage in ("all", "report") and p.teacher_finetune.stop_on_failed_gate:
             from tasks.teacher import failed_gates
 

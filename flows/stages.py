@@ -68,3 +68,14 @@ def upstream(p: Params) -> dict[Node, list[Node]]:
         graph[node] = [other for other, outs in made.items() if any(overlap(d, o) for d in deps for o in outs)]
         made[node] = [Path(o).resolve() for o in stage.outs(p, node[1])]
     return graph
+
+
+def needed(p: Params, node: Node) -> list[Node]:
+    """`node` and every node it needs, transitively through `upstream`, in `nodes`' order."""
+    graph, todo, seen = upstream(p), [node], {node}
+    while todo:
+        for other in graph[todo.pop()]:
+            if other not in seen:
+                seen.add(other)
+                todo.append(other)
+    return [n for n in nodes(p) if n in seen]

@@ -19,7 +19,7 @@ from tasks import env  # noqa: F401
 
 from distillery.config import load_params
 from flows.pipeline import DeviceSlots, _drop_dask_close_timeout
-from flows.stages import STAGES, nodes, upstream
+from flows.stages import STAGES, needed, nodes, upstream
 from helpers import EVENT_LINE, ONE_STUDENT, make_project, run, stage_lines
 
 
@@ -39,6 +39,17 @@ def test_upstream_follows_the_declared_inputs_and_outputs():
     devices = {name for name, stage in STAGES.items() if stage.device}
     assert {"pretrain", "finetune_teacher", "augment", "task_distillation", "evaluate", "register"} <= devices
     assert not devices & {"prepare_corpus", "prepare_task", "word_vectors", "report"}
+
+
+def test_a_stage_with_its_upstream_is_what_it_needs_in_the_flows_order():
+    p = load_params(env.ROOT / "params.yaml")
+    need = needed(p, ("task_distillation", "minilm-demo:demo"))
+    assert need[-1] == ("task_distillation", "minilm-demo:demo") and ("finetune_teacher", "demo") in need
+    assert ("augment", "demo") not in need and not any(name in ("evaluate", "baseline") for name, _ in need)
+    assert need == [n for n in nodes(p) if n in need]
+    graph = upstream(p)
+    assert all(set(graph[n]) <= set(need) for n in need)  # closed: nothing it needs is left out
+    assert needed(p, ("prepare_corpus", None)) == [("prepare_corpus", None)]
 
 
 def _hold(slots: DeviceSlots, events: list, name: str, exclusive: bool = False, seconds: float = 0.2) -> None:

@@ -33,11 +33,20 @@ def test_every_stage_runs_untracked_without_mlflow_prefect_or_dvc(tmp_path):
         return subprocess.run([sys.executable, "-c", WITHOUT_PIPELINE, *args], cwd=project, env=env,
                               capture_output=True, text=True, timeout=600)
 
+    first = stage("task_distillation", "--item", "micro:demo", "--upstream")  # that stage and all it needs, no more
+    assert first.returncode == 0, first.stderr[-3000:]
+    made = ("prepare_corpus", "finetune_teacher[demo]", "augment[demo]", "general_distillation[micro]",
+            "task_distillation[micro:demo]")
+    for name in made:
+        assert f"{name}: done in" in first.stdout, first.stdout
+    assert first.stdout.index("general_distillation[micro]") < first.stdout.index("task_distillation[micro:demo]")
+    assert "evaluate" not in first.stdout and "baseline" not in first.stdout
     done = stage("all")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "register[micro:demo]: left out (DISTILLERY_TRACKING=off)" in done.stdout
-    for name in ("prepare_corpus", "finetune_teacher[demo]", "augment[demo]", "general_distillation[micro]",
-                 "task_distillation[micro:demo]", "evaluate[demo]", "report"):
+    for name in made:
+        assert f"{name}: cached" in done.stdout, done.stdout
+    for name in ("evaluate[demo]", "report"):
         assert f"{name}: done in" in done.stdout, done.stdout
     summary = json.loads((project / "metrics" / "summary.json").read_text())
     assert summary["demo"]["micro"]["accuracy"] > 0
