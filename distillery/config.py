@@ -620,8 +620,23 @@ def check_params(p: Params, path: str = "params.yaml", root: Path | None = None)
     if any(a.enabled and a.mlm == "teacher" for a in augment_sections(p)) and not p.pretrain.enabled:
         raise ConfigError(f"{path}: augment.mlm: 'teacher' is the pre-training stage's MLM and needs pretrain.enabled; "
                           "give a masked-LM checkpoint (directory or Hub name) instead, or set augment.enabled: false")
+    _check_span_windows(p, path)
     _check_students(p, declared_teacher_dims(p, root), path, root)
     return p
+
+
+def _check_span_windows(p: Params, path: str) -> None:
+    """Each span task's windows (`distillery.squad.FeatureConfig`) checked before any stage: one error naming the keys."""
+    from distillery.squad.features import FeatureConfig
+    from distillery.task_kinds import is_span
+
+    for task in (t for t in p.data.tasks if is_span(t)):
+        d = p.for_task(task).data
+        try:
+            FeatureConfig(max_length=d.max_length, doc_stride=d.doc_stride, max_query_length=d.max_query_length)
+        except ValueError as exc:
+            where = f"per_task.{task}.data" if task in p.per_task and p.per_task[task].data else "data"
+            raise ConfigError(f"{path}: {where}.doc_stride (task {task}): {exc}") from None
 
 
 def _check_students(p: Params, teacher: Dims | None, path: str, root: Path) -> None:

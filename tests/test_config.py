@@ -128,3 +128,21 @@ def test_missing_file_and_bad_yaml(tmp_path):
     bad.write_text("seed: [1,\n")
     with pytest.raises(ConfigError, match=r"bad.yaml: not valid YAML"):
         load_params(bad)
+
+
+def test_span_windows_that_cannot_work_are_one_error_before_any_stage(tmp_path):
+    """A stride as long as a window's context (max_length - max_query_length - 3) is refused at load, naming the key
+    where the task's windows are set, not as a traceback in the teacher's stage (met rehearsing the GPU run)."""
+    data = yaml.safe_load((ROOT / "params" / "squad.yaml").read_text())
+    data["per_task"] = {"squad": {"data": {"max_length": 128}}}  # doc_stride 128 from `data`, windows of 61 tokens
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"p.yaml: per_task.squad.data.doc_stride \(task squad\): doc_stride 128 must "
+                                          r"be smaller than the context tokens of a window \(max_length 128 - "
+                                          r"max_query_length 64 - 3 = 61\)$"):
+        load_params(path)
+    data["per_task"] = {}
+    data["data"]["max_length"] = 128
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"p.yaml: data.doc_stride \(task squad\)"):
+        load_params(path)
