@@ -105,8 +105,9 @@ def loop_step(steps: int, batch: int, seq: int, *, teacher_shape, student_shape,
                                                             if torch.cuda.is_available() else [])
             with torch.profiler.profile(activities=acts) as prof:
                 distill(teacher, student, spec, run)
-            key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
-            print(prof.key_averages().table(sort_by=key, row_limit=15), flush=True)
+            table = prof.key_averages()  # the host's view (data loader, Python, launches), then the device's
+            for key in ("cpu_time_total", "self_cpu_time_total") + (("self_cuda_time_total",) if len(acts) > 1 else ()):
+                print(f"sorted by {key}:\n{table.table(sort_by=key, row_limit=15)}", flush=True)
     gaps = [b - a for a, b in zip(clock.ends, clock.ends[1:])][2:]  # after the first steps' warm-up
     return statistics.median(gaps)
 

@@ -5,7 +5,8 @@
 #
 #     bash benchmarks/gpu_run.sh SECONDS OUTDIR [PARAMS]
 #
-# 1. unpack the bundle; 2. benchmarks.gpu and benchmarks.precision --device cuda; 3. the preset's general
+# 1. unpack the bundle; 2. benchmarks.gpu, benchmarks.precision --device cuda and a profile of the pipeline's
+# training loop (benchmarks.gpu (e), 30 steps, OUTDIR/profile.txt); 3. the preset's general
 # distillation (and what it needs); 4. its TinyBERT student on MRPC and on SQuAD, each with its teacher and direct
 # baseline, the two tasks side by side on the one GPU; 5. their evaluate stages one at a time (latency is timed alone).
 # OUTDIR gets env.txt, bench.log, stages.log (the stages' console) and results.tgz (metrics/, reports/ and the
@@ -26,6 +27,8 @@ py=python3
 $py -m benchmarks.gpu_bundle unpack > "$out/unpack.log" 2>&1 || { tail -20 "$out/unpack.log"; exit 1; }
 timeout 150 $py -m benchmarks.gpu 2>&1 | tee "$out/bench.log"
 timeout 120 $py -m benchmarks.precision --device cuda 2>&1 | tee -a "$out/bench.log"
+timeout 120 $py -c "from benchmarks import gpu; gpu.loop_step(30, 256, 128, profile=True, **gpu.PRESET)" \
+  > "$out/profile.txt" 2>&1  # where the pipeline's loop spends its time (benchmarks.gpu (e)), top operators
 
 save() {
   tar czf "$out/results.tgz" metrics reports \
