@@ -9,8 +9,8 @@
 # training loop (benchmarks.gpu (e), 30 steps, OUTDIR/profile.txt); 3. the preset's general
 # distillation (and what it needs); 4. its TinyBERT student on MRPC and on SQuAD, each with its teacher and direct
 # baseline, the two tasks side by side on the one GPU; 5. their evaluate stages one at a time (latency is timed alone).
-# OUTDIR gets env.txt, unpack.log, bench.log, profile.txt, stages.log (the stages' console) and results.tgz (metrics/, reports/ and the
-# models' small JSON/CSV files).
+# OUTDIR gets env.txt, unpack.log, bench.log, profile.txt, stages.log (the stages' console) and results.tgz
+# (metrics/, reports/ and the models' small JSON/CSV files).
 set -u
 budget=${1:-520}
 out=${2:-${OUT:-gpu-out}}
