@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
     _, bare = step_benchmark(2 if args.micro else args.reps, batch, seq, device=args.device, bf16=bf16, **preset)
     loop = loop_step(6 if args.micro else args.loop_steps, batch, seq, profile=args.profile, **preset)
     print(f"(e) the gpu preset's general distillation, batch {batch}: bare step {1000 * bare:.1f} ms "
-          f"({batch / bare:.0f} sequences/s), the pipeline's loop {1000 * loop:.1f} ms ({batch / loop:.0f} sequences/s)")
+          f"({batch / bare:.0f} sequences/s), the pipeline's loop {1000 * loop:.1f} ms "
+          f"({batch / loop:.0f} sequences/s)")
     out = {"aug_speedup": aug, "step_ratio": step / floor, "gd_seq_per_s": seq_per_s, "mfu": mfu,
            "loop_ratio": loop / bare}
     print(f"aug_speedup: {aug:.1f} step_ratio: {step / floor:.3f} gd_seq_per_s: {seq_per_s:.0f} mfu: {mfu:.3f} "

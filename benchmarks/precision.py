@@ -1,7 +1,7 @@
 """fp32 vs bf16 autocast on this machine, measured side by side in one run (`distillery.precision`).
 
-Run as ``python -m benchmarks.precision`` (``--device cuda`` on a GPU). The same models and inputs in both precisions, interleaved (fp32, bf16,
-bf16, fp32, ...), after a warm-up; the median of each is reported:
+Run as ``python -m benchmarks.precision`` (``--device cuda`` on a GPU). The same models and inputs in both
+precisions, interleaved (fp32, bf16, bf16, fp32, ...), after a warm-up; the median of each is reported:
 
   (a) a distillation step of the `local` preset's shapes: a 6 x 384 teacher (all-MiniLM-L6-v2's shape, BERT's
       30522-word vocabulary) and a 3 x 384 student, TinyBERT's intermediate losses (eqs. 7-9) through the
@@ -119,7 +119,8 @@ def squad_step(batch: int, reps: int, device: str = "cpu") -> float:
     inputs = {"input_ids": torch.randint(1000, VOCAB, (batch, 384), generator=g),
               "start_positions": torch.randint(0, 384, (batch,), generator=g),
               "end_positions": torch.randint(0, 384, (batch,), generator=g)}
-    return _ratio(f"(b) SQuAD fine-tuning step, batch {batch}, length 384", train_steps(model, inputs, reps, model, device=device))
+    return _ratio(f"(b) SQuAD fine-tuning step, batch {batch}, length 384",
+                  train_steps(model, inputs, reps, model, device=device))
 
 
 def inference(batch: int, reps: int, device: str = "cpu") -> float:

@@ -626,7 +626,8 @@ def check_params(p: Params, path: str = "params.yaml", root: Path | None = None)
 
 
 def _check_span_windows(p: Params, path: str) -> None:
-    """Each span task's windows (`distillery.squad.FeatureConfig`) checked before any stage: one error naming the keys."""
+    """Each span task's windows (`distillery.squad.FeatureConfig`) checked before any stage: one error naming the
+    keys."""
     from distillery.squad.features import FeatureConfig
     from distillery.task_kinds import is_span
 
