@@ -67,10 +67,12 @@ def paper_gpu_hours(seq_per_s: float, seq: int = 128) -> float:
 
 
 def loop_step(steps: int, batch: int, seq: int, *, teacher_shape, student_shape, vocab: int,
-              profile: bool = False) -> float:
+              profile: bool = False, options: dict | None = None, trace: str | None = None) -> float:
     """Median seconds per optimisation step of `distill` (the pipeline's loop: `Trainer`, a data loader over
     `datasets` rows of token lists, the padding collator, loss-term logging; bf16 and fused AdamW where the pipeline
-    turns them on) over `steps` steps of (b)'s distillation at `batch` x `seq`, on the Trainer's device."""
+    turns them on) over `steps` steps of (b)'s distillation at `batch` x `seq`, on the Trainer's device.
+    `options`: training options over the pipeline's (`benchmarks.gpu_loop` compares some); `trace`: a Chrome trace
+    of the profiled run written there (with `profile`)."""
     import datasets
     from transformers import PreTrainedTokenizerFast, TrainerCallback
     from tokenizers import Tokenizer, models
@@ -96,7 +98,7 @@ def loop_step(steps: int, batch: int, seq: int, *, teacher_shape, student_shape,
     clock = Clock()
     spec = DistillSpec(INTERMEDIATE, "intermediate", build_layer_map("uniform", student_shape[0], teacher_shape[0]))
     args = dict(per_device_train_batch_size=batch, max_steps=steps, learning_rate=1e-4, save_strategy="no",
-                disable_tqdm=True, logging_steps=10)
+                disable_tqdm=True, logging_steps=10, **(options or {}))
     with tempfile.TemporaryDirectory(prefix="gpu-bench-loop-") as out:
         run = TrainRun(out, rows, tokenizer=tok, callbacks=[clock], args=args, resume=False)
         if not profile:
@@ -109,6 +111,8 @@ def loop_step(steps: int, batch: int, seq: int, *, teacher_shape, student_shape,
             table = prof.key_averages()  # the host's view (data loader, Python, launches), then the device's
             for key in ("cpu_time_total", "self_cpu_time_total") + (("self_cuda_time_total",) if len(acts) > 1 else ()):
                 print(f"sorted by {key}:\n{table.table(sort_by=key, row_limit=15)}", flush=True)
+            if trace:
+                prof.export_chrome_trace(trace)
     gaps = [b - a for a, b in zip(clock.ends, clock.ends[1:])][2:]  # after the first steps' warm-up
     return statistics.median(gaps)
 

@@ -90,3 +90,45 @@ def test_trainer_precision_options_follow_the_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (7, 0))  # V100: neither
     assert precision.trainer_options() == {"bf16": False}
+
+
+def test_gpu_loader_options_feed_a_gpu_and_leave_a_cpu_alone(monkeypatch, tmp_path):
+    """On a GPU the batches come from persistent worker processes, pinned, with no per-step NaN check of the loss
+    (a host-device wait); on a CPU (or `use_cpu`) the loader stays in the training process; a caller's option wins;
+    under a launcher the machine's cores are shared among its processes."""
+    from distillery.training.args import LOADER_WORKERS, training_arguments
+
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cpu = training_arguments(tmp_path)
+    assert (cpu.dataloader_num_workers, cpu.dataloader_pin_memory, cpu.logging_nan_inf_filter) == (0, False, False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr("distillery.precision.trainer_options", lambda *a, **k: {})
+    monkeypatch.setattr("transformers.TrainingArguments.__post_init__", lambda self: None)  # no device to set up
+    on_gpu = training_arguments(tmp_path)
+    assert on_gpu.dataloader_num_workers == LOADER_WORKERS and on_gpu.dataloader_persistent_workers
+    assert on_gpu.dataloader_pin_memory and on_gpu.dataloader_prefetch_factor == 4
+    assert training_arguments(tmp_path, {"dataloader_num_workers": 1}).dataloader_num_workers == 1
+    in_process = training_arguments(tmp_path, {"dataloader_num_workers": 0})  # no prefetch without workers
+    assert in_process.dataloader_prefetch_factor is None and not in_process.dataloader_persistent_workers
+    assert training_arguments(tmp_path, use_cpu=True).dataloader_num_workers == 0
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert training_arguments(tmp_path).dataloader_num_workers == 1  # 16 cores / 8 processes, one left to each
+
+
+def test_distillation_loop_with_loader_workers(one_thread):
+    """The pipeline's loop as it runs on a GPU: the collators cross into persistent worker processes."""
+    step = gpu.loop_step(4, 4, 16, options={"dataloader_num_workers": 2, "dataloader_persistent_workers": True,
+                                            "dataloader_prefetch_factor": 2}, **gpu.MICRO)
+    assert step > 0
+
+
+def test_gpu_loop_benchmark_at_micro_scale(capsys, tmp_path):
+    from benchmarks import gpu_loop
+
+    res = gpu_loop.main(["--device", "cpu", "--micro", "--out", str(tmp_path)])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("bare_ms: ") and " speedup: " in last and " loop_ratio: " in last
+    assert res["before_ms"] > 0 and res["pipeline_ms"] > 0
+    assert (tmp_path / "host_profile.txt").read_text().count("\n") > 10 and (tmp_path / "trace.json.gz").stat().st_size

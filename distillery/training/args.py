@@ -19,8 +19,10 @@ from distillery import precision
 from distillery.training.distributed import cpu_only, launched
 
 #: Defaults that differ from `TrainingArguments`' own: no experiment trackers (the pipeline logs to MLflow
-#: itself from `train_log.csv`), a bounded number of checkpoints, frequent logging for loss curves, pinned
-#: memory only where there is a GPU to pin for.
+#: itself from `train_log.csv`), a bounded number of checkpoints, frequent logging for loss curves, no check of
+#: every step's loss for NaN/inf (the check reads the loss on the host: on a GPU a wait for the device each step;
+#: a NaN loss shows in the log instead of being replaced by the running mean). The data loader's are
+#: `loader_options`'.
 DEFAULTS: dict[str, Any] = {
     "report_to": "none",
     "save_total_limit": 2,
@@ -29,8 +31,36 @@ DEFAULTS: dict[str, Any] = {
     "save_steps": 500,
     "seed": 42,
     "disable_tqdm": False,
-    "dataloader_pin_memory": torch.cuda.is_available(),
+    "logging_nan_inf_filter": False,
 }
+
+#: Loader processes per GPU process, at most (see `loader_options`).
+LOADER_WORKERS = 4
+
+
+def loader_options(gpu: bool) -> dict[str, Any]:
+    """The data loader where a GPU trains: batches read and padded by worker processes (persistent, 4 batches
+    ahead each) and pinned, so that the device never waits for the host. On one H200 the pipeline's loop at the
+    `gpu` preset's general-distillation shapes ran 78 ms a step with the Trainer's defaults (its collator alone ~27 ms
+    of host time a batch of 256) and 41 ms with workers and no per-step loss check (`python -m benchmarks.gpu_loop`,
+    docs/benchmarks.md). Up to `LOADER_WORKERS` per process on the machine (`LOCAL_WORLD_SIZE` under a launcher),
+    one core left to each process. On a CPU the loader stays in the training process: workers would take the cores
+    the model computes on."""
+    if not gpu:
+        return {"dataloader_pin_memory": False}
+    procs = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    workers = max(0, min(LOADER_WORKERS, (os.cpu_count() or 1) // procs - 1))
+    options: dict[str, Any] = {"dataloader_pin_memory": True, "dataloader_num_workers": workers}
+    if workers:
+        options.update(dataloader_persistent_workers=True, dataloader_prefetch_factor=4)
+    return options
+
+
+def dataloader_kwargs(device: str | torch.device) -> dict[str, Any]:
+    """`loader_options` as `torch.utils.data.DataLoader` arguments, for the loops outside the Trainer (teacher
+    logits, evaluation) on `device`."""
+    gpu = torch.device(device).type == "cuda"
+    return {k.removeprefix("dataloader_"): v for k, v in loader_options(gpu).items()}
 
 
 _FIELDS = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
@@ -60,6 +90,11 @@ def training_arguments(
     values.update(overrides)
     if launched() and cpu_only():
         values.setdefault("use_cpu", True)  # N CPU processes under a launcher: one DDP group (gloo), not N runs
+    loader = loader_options(torch.cuda.is_available() and not values.get("use_cpu"))
+    if "dataloader_num_workers" in values:  # the caller chose the workers: the rest of the loader is theirs too
+        loader = {"dataloader_pin_memory": loader["dataloader_pin_memory"]}
+    for key, value in loader.items():
+        values.setdefault(key, value)
     unknown = sorted(set(values) - _FIELDS)
     if unknown:
         raise TrainArgsError(f"unknown training option(s) {unknown}; see transformers.TrainingArguments")

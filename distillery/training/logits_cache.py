@@ -25,6 +25,7 @@ from transformers import DataCollatorWithPadding, PreTrainedModel, default_data_
 
 from distillery import precision
 from distillery.io import atomic_path
+from distillery.training.args import dataloader_kwargs
 
 INPUT_COLUMNS = ("input_ids", "attention_mask", "token_type_ids")
 COLUMN = "teacher_logits"
@@ -87,16 +88,17 @@ def compute_teacher_logits(
     accepted = set(inspect.signature(teacher.forward).parameters)
     keys = [k for k in keys if k in accepted]
     collate = DataCollatorWithPadding(tokenizer) if tokenizer is not None else default_data_collator
-    loader = DataLoader(dataset.select_columns(keys), batch_size=batch_size, shuffle=False, collate_fn=collate)
+    loader = DataLoader(dataset.select_columns(keys), batch_size=batch_size, shuffle=False, collate_fn=collate,
+                        **dataloader_kwargs(device))
     out = []
     try:
         with precision.forwards(teacher, device):
             for batch in tqdm(loader, desc="teacher logits", disable=not progress):
-                batch = {k: v.to(device) for k, v in batch.items() if k in accepted}
-                out.append(teacher(**batch).logits.float().cpu())
+                batch = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k in accepted}
+                out.append(teacher(**batch).logits.float())  # on the device: no wait for it each batch
     finally:
         teacher.train(was_training)
-    return torch.cat(out) if out else torch.empty(0)
+    return torch.cat(out).cpu() if out else torch.empty(0)
 
 
 def cache_teacher_logits(
