@@ -16,8 +16,8 @@ Run: python -m benchmarks.gpu            (needs CUDA; without it prints why and 
 (e) the pipeline's own loop (`distillery.training.distill.distill`: the Trainer, its data loader over dataset rows,
     the collator, logging) against (b)'s bare step, both at the `gpu` preset's general-distillation shapes
     (all-MiniLM-L6-v2's 6 x 384 teacher, TinyBERT4): on the H200 (2026-11-27) the preset's stage ran at 2,916
-    sequences/s, 19 TFLOP/s against (c)'s 122 (docs/benchmarks.md); `--profile` adds the loop's top operators,
-    by host time and by device time.
+    sequences/s with the Trainer's loader defaults, 5,552 with the pipeline's loader workers (`benchmarks.gpu_loop`,
+    docs/benchmarks.md); `--profile` adds the loop's top operators, by host time and by device time.
 Last line: `aug_speedup: <a> step_ratio: <b> gd_seq_per_s: <c> mfu: <c's utilisation> loop_ratio: <e>`.
 """
 

@@ -5,12 +5,12 @@
 #
 #     bash benchmarks/gpu_run.sh SECONDS OUTDIR [PARAMS]
 #
-# 1. unpack the bundle; 2. benchmarks.gpu, benchmarks.precision --device cuda and a profile of the pipeline's
-# training loop (benchmarks.gpu (e), 30 steps, OUTDIR/profile.txt); 3. the preset's general
+# 1. unpack the bundle; 2. benchmarks.gpu, benchmarks.precision --device cuda and benchmarks.gpu_loop (the pipeline's
+# training loop under loader options, its host profile and a device trace); 3. the preset's general
 # distillation (and what it needs); 4. its TinyBERT student on MRPC and on SQuAD, each with its teacher and direct
 # baseline, the two tasks side by side on the one GPU; 5. their evaluate stages one at a time (latency is timed alone).
-# OUTDIR gets env.txt, unpack.log, bench.log, profile.txt, stages.log (the stages' console) and results.tgz
-# (metrics/, reports/ and the models' small JSON/CSV files).
+# OUTDIR gets env.txt, unpack.log, bench.log, loop.log, host_profile.txt, trace.json.gz, stages.log (the stages'
+# console) and results.tgz (metrics/, reports/ and the models' small JSON/CSV files): 8 files, the most a call returns.
 set -u
 budget=${1:-520}
 out=${2:-${OUT:-gpu-out}}
@@ -27,8 +27,7 @@ py=python3
 $py -m benchmarks.gpu_bundle unpack > "$out/unpack.log" 2>&1 || { tail -20 "$out/unpack.log"; exit 1; }
 timeout 150 $py -m benchmarks.gpu 2>&1 | tee "$out/bench.log"
 timeout 120 $py -m benchmarks.precision --device cuda 2>&1 | tee -a "$out/bench.log"
-timeout 120 $py -c "from benchmarks import gpu; gpu.loop_step(30, 256, 128, profile=True, **gpu.PRESET)" \
-  > "$out/profile.txt" 2>&1  # where the pipeline's loop spends its time (benchmarks.gpu (e)), top operators
+timeout 150 $py -m benchmarks.gpu_loop --out "$out" > "$out/loop.log" 2>&1  # the loop's options, host profile, trace
 
 save() {
   tar czf "$out/results.tgz" metrics reports \
