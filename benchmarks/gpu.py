@@ -13,26 +13,19 @@ Run: python -m benchmarks.gpu            (needs CUDA; without it prints why and 
     dense bf16 peak; `--peak-tflops` for a device not in `PEAK_TFLOPS`), and the GPU-hours the paper's general
     distillation would take at that rate (`paper_gpu_hours`);
 (d) latency of the student vs the teacher at batch 1 and 32 (`distillery.efficiency.measure_latency`);
-(e) the pipeline's own loop (`distillery.training.distill.distill`: the Trainer, its data loader over dataset rows,
-    the collator, logging) against (b)'s bare step, both at the `gpu` preset's general-distillation shapes
-    (all-MiniLM-L6-v2's 6 x 384 teacher, TinyBERT4): on the H200 (2026-11-27) the preset's stage ran at 2,916
-    sequences/s with the Trainer's loader defaults, 5,552 with the pipeline's loader workers (`benchmarks.gpu_loop`,
-    docs/benchmarks.md); `--profile` adds the loop's top operators, by host time and by device time.
-Last line: `aug_speedup: <a> step_ratio: <b> gd_seq_per_s: <c> mfu: <c's utilisation> loop_ratio: <e>`.
+The pipeline's own training loop against this bare step: `benchmarks.gpu_loop`.
+Last line: `aug_speedup: <a> step_ratio: <b> gd_seq_per_s: <c> mfu: <c's utilisation>`.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import tempfile
-import time
 
 import torch
 import transformers
 
 from benchmarks import augment as augment_bench
-from benchmarks.distill import (INTERMEDIATE, STUDENT, TEACHER, VOCAB, bert_config, step_benchmark, student_model,
+from benchmarks.distill import (STUDENT, TEACHER, VOCAB, bert_config, step_benchmark, student_model,
                                 teacher_model)
 from distillery.efficiency import flops_per_example, measure_latency
 
@@ -43,8 +36,6 @@ PEAK_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0, 
 #: reported at ~2,240 V100 GPU-hours for TinyBERT4 (../shared/reference/official-code.md).
 PAPER_WORDS, PAPER_EPOCHS, TOKENS_PER_WORD, OFFICIAL_GPU_HOURS = 2_500e6, 3, 1.3, 2240
 MICRO = dict(teacher_shape=(2, 32, 2, 64), student_shape=(1, 16, 2, 32), vocab=1000)
-#: The `gpu` preset's general distillation: all-MiniLM-L6-v2's shape as teacher, TinyBERT4 as student (params/gpu.yaml).
-PRESET = dict(teacher_shape=(6, 384, 12, 1536), student_shape=STUDENT, vocab=VOCAB)
 
 
 def peak_tflops(device: torch.device, given: float | None) -> float | None:
@@ -66,57 +57,6 @@ def paper_gpu_hours(seq_per_s: float, seq: int = 128) -> float:
     return PAPER_WORDS * TOKENS_PER_WORD / seq * PAPER_EPOCHS / seq_per_s / 3600
 
 
-def loop_step(steps: int, batch: int, seq: int, *, teacher_shape, student_shape, vocab: int,
-              profile: bool = False, options: dict | None = None, trace: str | None = None) -> float:
-    """Median seconds per optimisation step of `distill` (the pipeline's loop: `Trainer`, a data loader over
-    `datasets` rows of token lists, the padding collator, loss-term logging; bf16 and fused AdamW where the pipeline
-    turns them on) over `steps` steps of (b)'s distillation at `batch` x `seq`, on the Trainer's device.
-    `options`: training options over the pipeline's (`benchmarks.gpu_loop` compares some); `trace`: a Chrome trace
-    of the profiled run written there (with `profile`)."""
-    import datasets
-    from transformers import PreTrainedTokenizerFast, TrainerCallback
-    from tokenizers import Tokenizer, models
-
-    from distillery.layer_map import build_layer_map
-    from distillery.training.distill import distill
-    from distillery.training.spec import DistillSpec, TrainRun
-
-    class Clock(TrainerCallback):
-        def __init__(self) -> None:
-            self.ends: list[float] = []
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self.ends.append(time.perf_counter())
-
-    vocab_map = {"[PAD]": 0, "[UNK]": 1, **{f"w{i}": i for i in range(2, vocab)}}
-    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab_map, unk_token="[UNK]")),
-                                  pad_token="[PAD]", unk_token="[UNK]")
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(2, vocab, (steps * batch, seq), generator=g).tolist()
-    rows = datasets.Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * seq] * len(ids)})
-    teacher, student = teacher_model(teacher_shape, vocab), student_model(student_shape, vocab)
-    clock = Clock()
-    spec = DistillSpec(INTERMEDIATE, "intermediate", build_layer_map("uniform", student_shape[0], teacher_shape[0]))
-    args = dict(per_device_train_batch_size=batch, max_steps=steps, learning_rate=1e-4, save_strategy="no",
-                disable_tqdm=True, logging_steps=10, **(options or {}))
-    with tempfile.TemporaryDirectory(prefix="gpu-bench-loop-") as out:
-        run = TrainRun(out, rows, tokenizer=tok, callbacks=[clock], args=args, resume=False)
-        if not profile:
-            distill(teacher, student, spec, run)
-        else:
-            acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
-                                                            if torch.cuda.is_available() else [])
-            with torch.profiler.profile(activities=acts) as prof:
-                distill(teacher, student, spec, run)
-            table = prof.key_averages()  # the host's view (data loader, Python, launches), then the device's
-            for key in ("cpu_time_total", "self_cpu_time_total") + (("self_cuda_time_total",) if len(acts) > 1 else ()):
-                print(f"sorted by {key}:\n{table.table(sort_by=key, row_limit=15)}", flush=True)
-            if trace:
-                prof.export_chrome_trace(trace)
-    gaps = [b - a for a, b in zip(clock.ends, clock.ends[1:])][2:]  # after the first steps' warm-up
-    return statistics.median(gaps)
-
-
 def main(argv: list[str] | None = None) -> dict[str, float] | None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda")
@@ -126,8 +66,6 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--sentences", type=int, default=200, help="augmentation sentences (SST-2 when shared)")
     p.add_argument("--peak-tflops", type=float, default=None)
-    p.add_argument("--loop-steps", type=int, default=60, help="(e): steps of the pipeline's loop")
-    p.add_argument("--profile", action="store_true", help="(e): print the loop's top operators (torch.profiler)")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -165,16 +103,8 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
                               warmup=1 if args.micro else 5, reference="teacher", device=args.device)
         print(f"(d) latency batch {b}: teacher {res['teacher'].median_ms:.2f} ms, student {res['student'].median_ms:.2f} ms "
               f"({res['student'].speedup:.1f}x)")
-    preset = MICRO if args.micro else PRESET
-    _, bare = step_benchmark(2 if args.micro else args.reps, batch, seq, device=args.device, bf16=bf16, **preset)
-    loop = loop_step(6 if args.micro else args.loop_steps, batch, seq, profile=args.profile, **preset)
-    print(f"(e) the gpu preset's general distillation, batch {batch}: bare step {1000 * bare:.1f} ms "
-          f"({batch / bare:.0f} sequences/s), the pipeline's loop {1000 * loop:.1f} ms "
-          f"({batch / loop:.0f} sequences/s)")
-    out = {"aug_speedup": aug, "step_ratio": step / floor, "gd_seq_per_s": seq_per_s, "mfu": mfu,
-           "loop_ratio": loop / bare}
-    print(f"aug_speedup: {aug:.1f} step_ratio: {step / floor:.3f} gd_seq_per_s: {seq_per_s:.0f} mfu: {mfu:.3f} "
-          f"loop_ratio: {loop / bare:.2f}")
+    out = {"aug_speedup": aug, "step_ratio": step / floor, "gd_seq_per_s": seq_per_s, "mfu": mfu}
+    print(f"aug_speedup: {aug:.1f} step_ratio: {step / floor:.3f} gd_seq_per_s: {seq_per_s:.0f} mfu: {mfu:.3f}")
     return out
 
 

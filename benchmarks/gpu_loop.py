@@ -1,7 +1,7 @@
 """Where the pipeline's training loop spends a step, and what the loader and the per-step checks cost (issue 36).
 
 On one H200 (2026-11-27) every training loop of the `gpu` preset ran at 10-15 steps a second whatever its model.
-This runs the pipeline's own loop (`benchmarks.gpu.loop_step`: `distill` through the Trainer, its data loader over
+This runs the pipeline's own loop (`loop_step`: `distill` through the Trainer, its data loader over
 `datasets` rows, the padding collator) at the `gpu` preset's general-distillation shapes (batch 256 x 128, bf16)
 under a few training options side by side, the bare step beside it (synchronised every step), then one profiled
 run: the host's hottest Python functions (cProfile) and a Chrome trace of the device's work (`--out`).
@@ -24,14 +24,19 @@ import os
 import platform
 import pstats
 import shutil
+import statistics
+import tempfile
+import time
 from pathlib import Path
 
 import torch
 import transformers
 
 from benchmarks import gpu
-from benchmarks.distill import step_benchmark
+from benchmarks.distill import INTERMEDIATE, STUDENT, VOCAB, step_benchmark, student_model, teacher_model
 
+#: The `gpu` preset's general distillation: all-MiniLM-L6-v2's shape as teacher, TinyBERT4 as student (params/gpu.yaml).
+PRESET = dict(teacher_shape=(6, 384, 12, 1536), student_shape=STUDENT, vocab=VOCAB)
 #: The Trainer's own loader and loss check (the pipeline's loop before `distillery.training.args.loader_options`).
 TRAINER_DEFAULTS = {"dataloader_num_workers": 0, "dataloader_persistent_workers": False,
                     "dataloader_prefetch_factor": None, "logging_nan_inf_filter": True}
@@ -45,12 +50,63 @@ VARIANTS: dict[str, dict] = {
 }
 
 
+def loop_step(steps: int, batch: int, seq: int, *, teacher_shape, student_shape, vocab: int,
+              profile: bool = False, options: dict | None = None, trace: str | None = None) -> float:
+    """Median seconds per optimisation step of `distill` (the pipeline's loop: `Trainer`, a data loader over
+    `datasets` rows of token lists, the padding collator, loss-term logging; bf16 and fused AdamW where the pipeline
+    turns them on) over `steps` steps of (b)'s distillation at `batch` x `seq`, on the Trainer's device.
+    `options`: training options over the pipeline's (`VARIANTS`); `trace`: a Chrome trace
+    of the profiled run written there (with `profile`)."""
+    import datasets
+    from transformers import PreTrainedTokenizerFast, TrainerCallback
+    from tokenizers import Tokenizer, models
+
+    from distillery.layer_map import build_layer_map
+    from distillery.training.distill import distill
+    from distillery.training.spec import DistillSpec, TrainRun
+
+    class Clock(TrainerCallback):
+        def __init__(self) -> None:
+            self.ends: list[float] = []
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.ends.append(time.perf_counter())
+
+    vocab_map = {"[PAD]": 0, "[UNK]": 1, **{f"w{i}": i for i in range(2, vocab)}}
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab_map, unk_token="[UNK]")),
+                                  pad_token="[PAD]", unk_token="[UNK]")
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(2, vocab, (steps * batch, seq), generator=g).tolist()
+    rows = datasets.Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * seq] * len(ids)})
+    teacher, student = teacher_model(teacher_shape, vocab), student_model(student_shape, vocab)
+    clock = Clock()
+    spec = DistillSpec(INTERMEDIATE, "intermediate", build_layer_map("uniform", student_shape[0], teacher_shape[0]))
+    args = dict(per_device_train_batch_size=batch, max_steps=steps, learning_rate=1e-4, save_strategy="no",
+                disable_tqdm=True, logging_steps=10, **(options or {}))
+    with tempfile.TemporaryDirectory(prefix="gpu-bench-loop-") as out:
+        run = TrainRun(out, rows, tokenizer=tok, callbacks=[clock], args=args, resume=False)
+        if not profile:
+            distill(teacher, student, spec, run)
+        else:
+            acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
+                                                            if torch.cuda.is_available() else [])
+            with torch.profiler.profile(activities=acts) as prof:
+                distill(teacher, student, spec, run)
+            table = prof.key_averages()  # the host's view (data loader, Python, launches), then the device's
+            for key in ("cpu_time_total", "self_cpu_time_total") + (("self_cuda_time_total",) if len(acts) > 1 else ()):
+                print(f"sorted by {key}:\n{table.table(sort_by=key, row_limit=15)}", flush=True)
+            if trace:
+                prof.export_chrome_trace(trace)
+    gaps = [b - a for a, b in zip(clock.ends, clock.ends[1:])][2:]  # after the first steps' warm-up
+    return statistics.median(gaps)
+
+
 def host_profile(steps: int, batch: int, seq: int, shapes: dict, top: int = 30) -> str:
     """cProfile of the pipeline's loop: the `top` functions by their own time (where the host waits or works; loader
     workers are other processes, out of its view)."""
     prof = cProfile.Profile()
     prof.enable()
-    gpu.loop_step(steps, batch, seq, **shapes)
+    loop_step(steps, batch, seq, **shapes)
     prof.disable()
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
@@ -72,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
               "`--device cpu --micro` runs the same code at toy sizes.")
         return None
     transformers.logging.set_verbosity_error()
-    shapes = gpu.MICRO if args.micro else gpu.PRESET
+    shapes = gpu.MICRO if args.micro else PRESET
     batch, seq, steps = (4, 16, 6) if args.micro else (args.batch, args.seq, args.steps)
     bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
     print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}, "
@@ -81,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
     _, bare = step_benchmark(2 if args.micro else 10, batch, seq, device=args.device, bf16=bf16, **shapes)
     times = {}
     for name, options in VARIANTS.items():
-        times[name] = gpu.loop_step(steps, batch, seq, options=options, **shapes)
+        times[name] = loop_step(steps, batch, seq, options=options, **shapes)
         print(f"{name:>16}: {1000 * times[name]:7.1f} ms a step ({batch / times[name]:6.0f} sequences/s) {options}",
               flush=True)
     report = host_profile(steps, batch, seq, shapes)
@@ -90,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "host_profile.txt").write_text(report)
         trace = args.out / "trace.json"
-        gpu.loop_step(min(steps, 12), batch, seq, profile=True, trace=str(trace), **shapes)
+        loop_step(min(steps, 12), batch, seq, profile=True, trace=str(trace), **shapes)
         with trace.open("rb") as src, gzip.open(trace.with_suffix(".json.gz"), "wb") as dst:
             shutil.copyfileobj(src, dst)
         trace.unlink()
