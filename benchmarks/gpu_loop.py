@@ -7,11 +7,12 @@ under a few training options side by side, the bare step beside it (synchronised
 run: the host's hottest Python functions (cProfile) and a Chrome trace of the device's work (`--out`).
 Its first run named the cause: with the Trainer's defaults a step took 78.2 ms against the bare step's 46.8 ms, the
 padding collator alone ~27 ms of host time a batch (`tokenization_utils_base.flatten`) and the loss's NaN check a
-wait for the device every step; with loader workers and no check 40.7 ms (`distillery.training.args.loader_options`,
-now the pipeline's default on a GPU; docs/benchmarks.md).
+wait for the device every step; with loader workers and no check 40.7 ms, 36-47 ms in a second run
+(`distillery.training.args.loader_options`, now the pipeline's default on a GPU; docs/benchmarks.md).
 
 Run: python -m benchmarks.gpu_loop [--out DIR]          (CUDA; `--device cpu --micro` runs the same code, toy sizes)
-Last line: `bare_ms: <b> before_ms: <the Trainer's defaults> pipeline_ms: <p> speedup: <before / p> loop_ratio: <p / b>`.
+Last line: `bare_ms: <b> before_ms: <the Trainer's defaults> pipeline_ms: <p> speedup: <before / p>
+loop_ratio: <p / b>`.
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
     shapes = gpu.MICRO if args.micro else PRESET
     batch, seq, steps = (4, 16, 6) if args.micro else (args.batch, args.seq, args.steps)
     bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-    print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}, "
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"device {device_name}, torch {torch.__version__}, "
           f"transformers {transformers.__version__}, {os.cpu_count()} cores, kernel {platform.release()}, "
           f"batch {batch} x {seq}, {steps} steps", flush=True)
     _, bare = step_benchmark(2 if args.micro else 10, batch, seq, device=args.device, bf16=bf16, **shapes)

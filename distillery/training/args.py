@@ -42,7 +42,7 @@ def loader_options(gpu: bool) -> dict[str, Any]:
     """The data loader where a GPU trains: batches read and padded by worker processes (persistent, 4 batches
     ahead each) and pinned, so that the device never waits for the host. On one H200 the pipeline's loop at the
     `gpu` preset's general-distillation shapes ran 78 ms a step with the Trainer's defaults (its collator alone ~27 ms
-    of host time a batch of 256) and 41 ms with workers and no per-step loss check (`python -m benchmarks.gpu_loop`,
+    of host time a batch of 256) and 36-47 ms with workers and no per-step loss check (`python -m benchmarks.gpu_loop`,
     docs/benchmarks.md). Up to `LOADER_WORKERS` per process on the machine (`LOCAL_WORLD_SIZE` under a launcher),
     one core left to each process. On a CPU the loader stays in the training process: workers would take the cores
     the model computes on."""
@@ -57,8 +57,8 @@ def loader_options(gpu: bool) -> dict[str, Any]:
 
 
 def dataloader_kwargs(device: str | torch.device) -> dict[str, Any]:
-    """`loader_options` as `torch.utils.data.DataLoader` arguments, for the loops outside the Trainer (teacher
-    logits, evaluation) on `device`."""
+    """`loader_options` as `torch.utils.data.DataLoader` arguments, for a loop outside the Trainer (the teacher-logits
+    pass) on `device`."""
     gpu = torch.device(device).type == "cuda"
     return {k.removeprefix("dataloader_"): v for k, v in loader_options(gpu).items()}
 
