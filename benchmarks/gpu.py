@@ -57,22 +57,35 @@ def paper_gpu_hours(seq_per_s: float, seq: int = 128) -> float:
     return PAPER_WORDS * TOKENS_PER_WORD / seq * PAPER_EPOCHS / seq_per_s / 3600
 
 
-def main(argv: list[str] | None = None) -> dict[str, float] | None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def gpu_parser(description: str) -> argparse.ArgumentParser:
+    """The GPU benchmarks' common arguments: `--device` (cuda), `--micro`, `--batch` 256, `--seq` 128."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--device", default="cuda")
     p.add_argument("--micro", action="store_true", help="toy sizes (CPU test of the same code)")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--seq", type=int, default=128)
+    return p
+
+
+def device_or_none(args: argparse.Namespace, benchmark: str) -> torch.device | None:
+    """`args.device`, or None after saying why where CUDA is asked for and absent (the benchmark measures nothing)."""
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"{benchmark} needs a CUDA device (torch.cuda.is_available() is False): nothing measured. "
+              "`--device cpu --micro` runs the same code at toy sizes.")
+        return None
+    transformers.logging.set_verbosity_error()
+    return device
+
+
+def main(argv: list[str] | None = None) -> dict[str, float] | None:
+    p = gpu_parser(__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--sentences", type=int, default=200, help="augmentation sentences (SST-2 when shared)")
     p.add_argument("--peak-tflops", type=float, default=None)
     args = p.parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("benchmarks.gpu needs a CUDA device (torch.cuda.is_available() is False): nothing measured. "
-              "`--device cpu --micro` runs the same code at toy sizes.")
+    if (device := device_or_none(args, "benchmarks.gpu")) is None:
         return None
-    transformers.logging.set_verbosity_error()
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True

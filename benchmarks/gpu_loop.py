@@ -17,7 +17,6 @@ loop_ratio: <p / b>`.
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import gzip
 import io
@@ -115,20 +114,12 @@ def host_profile(steps: int, batch: int, seq: int, shapes: dict, top: int = 30) 
 
 
 def main(argv: list[str] | None = None) -> dict[str, float] | None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--micro", action="store_true", help="toy sizes (CPU test of the same code)")
+    p = gpu.gpu_parser(__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--seq", type=int, default=128)
     p.add_argument("--out", type=Path, default=None, help="write host_profile.txt and trace.json.gz here")
     args = p.parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("benchmarks.gpu_loop needs a CUDA device (torch.cuda.is_available() is False): nothing measured. "
-              "`--device cpu --micro` runs the same code at toy sizes.")
+    if (device := gpu.device_or_none(args, "benchmarks.gpu_loop")) is None:
         return None
-    transformers.logging.set_verbosity_error()
     shapes = gpu.MICRO if args.micro else PRESET
     batch, seq, steps = (4, 16, 6) if args.micro else (args.batch, args.seq, args.steps)
     bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
