@@ -54,7 +54,8 @@ def loop_step(steps: int, batch: int, seq: int, *, teacher_shape, student_shape,
               profile: bool = False, options: dict | None = None, trace: str | None = None) -> float:
     """Median seconds per optimisation step of `distill` (the pipeline's loop: `Trainer`, a data loader over
     `datasets` rows of token lists, the padding collator, loss-term logging; bf16 and fused AdamW where the pipeline
-    turns them on) over `steps` steps of (b)'s distillation at `batch` x `seq`, on the Trainer's device.
+    turns them on) over `steps` steps of the bare step's distillation (`benchmarks.distill.step_benchmark`: TinyBERT's
+    intermediate losses) at `batch` x `seq`, on the Trainer's device.
     `options`: training options over the pipeline's (`VARIANTS`); `trace`: a Chrome trace
     of the profiled run written there (with `profile`)."""
     import datasets
