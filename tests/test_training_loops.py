@@ -12,7 +12,7 @@ from distillery.training import args as targs_mod
 from distillery.training.finetune import finetune
 from distillery.training.log import read_log
 from distillery.training.metrics import accuracy
-from distillery.training.mlm import tokenize_texts, train_mlm
+from distillery.training.mlm import masked_lm_loss, tokenize_texts, train_mlm
 from distillery.training.saving import last_checkpoint
 from distillery.training.spec import TrainRun
 
@@ -60,6 +60,29 @@ def test_train_mlm_lowers_loss_and_resumes(tmp_path):
     assert torch.equal(reloaded.bert.embeddings.word_embeddings.weight, model2.bert.embeddings.word_embeddings.weight)
     assert (final / "model.safetensors").is_file()
     assert transformers.AutoTokenizer.from_pretrained(final)("the cat")["input_ids"] == tok("the cat")["input_ids"]
+
+
+def test_masked_lm_loss_sends_its_batches_to_the_model_device(tmp_path, monkeypatch):
+    """A model trained on a GPU is measured there (the IB teacher's MLM loss once fed it CPU batches: a device
+    mismatch on the first lent H200). Here the model says its device is `meta`, and moving a tensor there is
+    recorded and left on the CPU."""
+    tok = tokenizer(tmp_path)
+    texts, _ = sentences(10, seed=4)
+    torch.manual_seed(0)
+    model = transformers.BertForMaskedLM(bert_config(tok.vocab_size, 1))
+    cpu_loss = masked_lm_loss(model, tok, texts, max_length=16, batch_size=4)
+    moved, to = [], torch.Tensor.to
+
+    def spy(self, *args, **kwargs):
+        if args and args[0] == torch.device("meta"):
+            moved.append(self.shape)
+            return self
+        return to(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "device", property(lambda self: torch.device("meta")))
+    monkeypatch.setattr(torch.Tensor, "to", spy)
+    assert masked_lm_loss(model, tok, texts, max_length=16, batch_size=4) == pytest.approx(cpu_loss)
+    assert len(moved) == 3 * 4  # input_ids, attention_mask, token_type_ids and labels of each of 3 batches
 
 
 def test_train_mlm_adds_head_to_headless_checkpoint(tmp_path):

@@ -103,7 +103,8 @@ def masked_lm_loss(
     batch_size: int = 64,
 ) -> float:
     """Mean cross-entropy over the masked tokens of `texts`, with masks drawn from `seed`: two models measured
-    with the same arguments see exactly the same masked inputs (e.g. a teacher and its IB-BERT conversion)."""
+    with the same arguments see exactly the same masked inputs (e.g. a teacher and its IB-BERT conversion). The batches
+    go to the model's device (a model trained on a GPU is measured there)."""
     import torch
 
     data = tokenize_texts(texts, tokenizer, max_length)
@@ -115,6 +116,7 @@ def masked_lm_loss(
     with torch.no_grad():
         for start in range(0, len(data), batch_size):
             batch = collator([{k: data[i][k] for k in keys} for i in range(start, min(start + batch_size, len(data)))])
+            batch = {k: v.to(model.device) for k, v in batch.items()}
             labels = batch.pop("labels")
             logits = model(**batch).logits
             sel = labels != -100
