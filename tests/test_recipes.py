@@ -124,6 +124,8 @@ def test_bad_tinybert_recipe_names_the_key(edit, key, words):
     ("minilm-demo", {"init": {"checkpoint": "./no/such/dir"}}, "students.minilm-demo.init.checkpoint",
      "not found"),
     ("pkd-demo", {"task_distillation": True}, "students.pkd-demo.task_distillation", "pkd recipe's task stage distils"),
+    ("pkd-demo", {"task_distillation": "augmented"}, "students.pkd-demo.task_distillation",
+     "pkd recipe's task stage distils"),
 ])
 def test_bad_minilm_and_distilbert_recipes_name_the_key(student, edit, key, words):
     data = demo()
@@ -308,12 +310,14 @@ def test_student_dropout_reaches_the_task_stage_students(tok):
     assert model.config.hidden_dropout_prob == model.config.attention_probs_dropout_prob == 0.0
 
 
-@pytest.mark.parametrize("tuned, distilled, kept", [(0.85, 0.83, "grid"), (0.83, 0.85, "grid-distill"),
-                                                     (0.84, 0.84, "grid-distill")])
-def test_the_extra_step_is_kept_only_when_it_is_not_worse_on_dev(monkeypatch, tmp_path, tuned, distilled, kept):
+@pytest.mark.parametrize("tuned, distilled, kept, mode", [(0.85, 0.83, "grid", True),
+                                                           (0.83, 0.85, "grid-distill", "augmented"),
+                                                           (0.84, 0.84, "grid-distill", True)])
+def test_the_extra_step_is_kept_only_when_it_is_not_worse_on_dev(monkeypatch, tmp_path, tuned, distilled, kept, mode):
     """`task_distillation: true`: the extra step's runs join the fine-tuning grid's candidates; the student is the
     better on dev (a tie keeps the extra step), so an extra step that hurts on dev (DistilBERT on SST-2: 84.9 -> 83.6)
-    no longer replaces the fine-tuned student."""
+    no longer replaces the fine-tuned student. `augmented`: the same step on the augmented set (the task stage then
+    depends on it), the fine-tuning grid on the gold set."""
     from types import SimpleNamespace
 
     from distillery.recipes import base
@@ -327,17 +331,32 @@ def test_the_extra_step_is_kept_only_when_it_is_not_worse_on_dev(monkeypatch, tm
     monkeypatch.setattr(base, "task_student", lambda recipe, ctx: "start")
     monkeypatch.setattr(base, "finetune_grid", lambda ctx, student, out: result(out.name, tuned))
 
-    def prediction(recipe, ctx, student, out):
-        started.append(student())
+    def prediction(recipe, ctx, student, out, augmented=False):
+        started.append((student(), augmented))
         return result(out.name, distilled)
 
     monkeypatch.setattr(base, "prediction_stage", prediction)
     ctx = SimpleNamespace(out=tmp_path, load=lambda path: path)
     recipe = parse_params({**demo(), "students": {"d": {**demo()["students"]["distilbert-demo"],
-                                                         "task_distillation": True}}}).students["d"]
+                                                         "task_distillation": mode}}}).students["d"]
+    assert recipe.uses_augmented_data is (mode == "augmented")
     grid, curve = recipe.task_stage(ctx)
-    assert started == [tmp_path / "grid" / "model"]  # the extra step starts from the best fine-tuned run
+    assert started == [(tmp_path / "grid" / "model", mode == "augmented")]  # from the best fine-tuned run
     assert grid.best_dir == tmp_path / kept / "model" and curve is None
+
+
+def test_an_augmented_extra_step_makes_the_task_stage_read_the_augmented_set():
+    """`task_distillation: augmented` puts the augmented set among the task stage's inputs (its cache key and
+    dvc.yaml deps); `true` does not."""
+    from tasks import paths
+    from tasks.distill import task_inputs
+
+    data = demo()
+    assert data["augment"]["enabled"]
+    for mode, reads in ((True, False), ("augmented", True)):
+        data["students"]["minilm-demo"]["task_distillation"] = mode
+        task = data["data"]["tasks"][0]
+        assert (paths.augmented(task) in task_inputs(parse_params(data), f"minilm-demo:{task}")) is reads
 
 
 def test_minilm_intermediate_step_distils_the_last_layer_on_the_task_before_fine_tuning(tok, tmp_path):

@@ -289,9 +289,10 @@ class Recipe(Section):
     general_distillation: bool | None = None    # None: on unless init is a checkpoint (see ``runs_general``)
     teacher_train_mode: bool = False            # official TinyBERT: teacher dropout on while distilling
     #: after the fine-tuning grid, prediction-layer distillation from the fine-tuned teacher (DistilBERT's SQuAD extra
-    #: step, Sec. 4.2; a CPU-budget option for MiniLM and MobileBERT, whose papers fine-tune only); refused for a
-    #: recipe whose task stage distils already (``task_distills``: TinyBERT, BERT-PKD)
-    task_distillation: bool = False
+    #: step, Sec. 4.2; a CPU-budget option for MiniLM and MobileBERT, whose papers fine-tune only); ``augmented``: that
+    #: step on TinyBERT's augmented set when `augment.enabled` (a CPU-budget option of this project, no paper's);
+    #: refused for a recipe whose task stage distils already (``task_distills``: TinyBERT, BERT-PKD)
+    task_distillation: bool | Literal["augmented"] = False
 
     #: The loss terms of the recipe's layer-wise stage with the paper's weights (0: available, off by default).
     OBJECTIVES: ClassVar[dict[str, float]] = {}
@@ -371,8 +372,9 @@ class Recipe(Section):
 
     @property
     def uses_augmented_data(self) -> bool:
-        """Whether the task stage trains on the augmented set (TinyBERT)."""
-        return False
+        """Whether the task stage trains on the augmented set (TinyBERT; the extra step with ``task_distillation:
+        augmented``)."""
+        return self.task_distillation == "augmented"
 
     @property
     def task_distills(self) -> bool:
@@ -583,7 +585,8 @@ class Recipe(Section):
         grid = finetune_grid(ctx, start, ctx.out / "grid")
         if self.task_distillation:
             best = grid.best_dir
-            distilled = prediction_stage(self, ctx, lambda: ctx.load(best), ctx.out / "grid-distill")
+            distilled = prediction_stage(self, ctx, lambda: ctx.load(best), ctx.out / "grid-distill",
+                                         augmented=self.uses_augmented_data)
             grid = max((distilled, grid), key=lambda g: g.best["main"])
         return grid
 
