@@ -23,7 +23,6 @@ import contextvars
 import functools
 import logging
 import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -360,4 +359,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    api_server.end(main())
