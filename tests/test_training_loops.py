@@ -64,7 +64,7 @@ def test_train_mlm_lowers_loss_and_resumes(tmp_path):
 
 def test_masked_lm_loss_sends_its_batches_to_the_model_device(tmp_path, monkeypatch):
     """A model trained on a GPU is measured there (the IB teacher's MLM loss once fed it CPU batches: a device
-    mismatch on the first lent H200). Here the model says its device is `meta`, and moving a tensor there is
+    mismatch on a lent H200, 2026-11-27). Here the model says its device is `meta`, and moving a tensor there is
     recorded and left on the CPU."""
     tok = tokenizer(tmp_path)
     texts, _ = sentences(10, seed=4)
