@@ -29,6 +29,17 @@ def test_the_squad_recipes_run_shares_the_squad_presets_teacher():
     assert {r["recipe"] for r in extra["students"].values()} == {"minilm", "distilbert", "mobilebert", "pkd"}
 
 
+def test_the_gpu_recipes_run_keeps_the_cpu_runs_it_is_compared_with():
+    """docs/squad.md sets its rows beside the CPU ones: squad-recipes' data, teacher and schedules, its students but
+    MobileBERT (a larger pre-training budget), the squad preset's TinyBERT student."""
+    squad, cpu, gpu = (yaml.safe_load((ROOT / "params" / f"{n}.yaml").read_text())
+                       for n in ("squad", "squad-recipes", "gpu-recipes"))
+    for section in ("seed", "data", "teacher", "teacher_finetune", "augment", "task_distillation"):
+        assert gpu[section] == cpu[section], section
+    assert gpu["students"] == {"tinybert-l4": squad["students"]["tinybert-l4"], **cpu["students"],
+                               "mobilebert-l6": {**cpu["students"]["mobilebert-l6"], "ib_teacher": {"epochs": 2}}}
+
+
 def test_the_five_recipes_run_shares_the_local_presets_teacher_and_student():
     """Its TinyBERT row is the local preset's (one cache in one clone); the other four recipes sit beside it."""
     local, five = (yaml.safe_load((ROOT / "params" / f"{n}.yaml").read_text()) for n in ("local", "local-recipes"))
