@@ -202,6 +202,8 @@ def record(params_path: str | os.PathLike, done: list[tuple[str, str | None]]) -
         return (f"dvc.lock not updated: dvc.yaml is not generated for {params_path} "
                 f"(`python -m flows.dvc --params {params_path}`); `dvc repro` will rerun these stages")
     names = [curve_name(STAGES[name], item) for name, item in done]
+    if set(names) >= set(yaml.safe_load(dvc_yaml.read_text(encoding="utf-8"))["stages"]):
+        names = ["dvc.yaml"]  # one target: DVC rewrites dvc.lock once, not once per stage (31 stages: 2 s, not 18 s)
     proc = subprocess.run([sys.executable, "-m", "dvc", "commit", "--force", "--no-relink", "--quiet", *names],
                           cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -125,7 +125,8 @@ class Stack:
             [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
              "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp / 'mlflow.db'}",
              "--artifacts-destination", str(self.artifacts)],
-            f"{self.mlflow_uri}/health", clean_env(), tmp / "mlflow-server.log", tmp)
+            f"{self.mlflow_uri}/health", clean_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),  # as docker/compose.yaml
+            tmp / "mlflow-server.log", tmp)
         request.addfinalizer(self.mlflow.stop)
         self.env = clean_env(PREFECT_HOME=str(home), PREFECT_API_URL=self.api, MLFLOW_TRACKING_URI=self.mlflow_uri,
                              PYTHONPATH=str(self.project))

@@ -118,6 +118,36 @@ def test_finetune_keeps_best_checkpoint(tmp_path):
     assert logits.shape == (8, 2)
 
 
+def test_a_cpu_run_hides_the_objects_alive_before_it_from_the_trainers_full_collection(tmp_path):
+    """`Trainer.train` starts with a full `gc.collect()` (Accelerate's `free_memory`); on a CPU the objects alive before
+    the run are frozen for its length (that collection scans only the run's own) and unfrozen after it: a reference
+    cycle dropped after the run is still collected."""
+    import gc
+    import weakref
+
+    class Cycle:
+        pass
+
+    frozen = []
+
+    class Watch(transformers.TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            frozen.append(gc.get_freeze_count())
+
+    cycle = Cycle()
+    cycle.me = cycle
+    gone = weakref.ref(cycle)
+    before = gc.get_freeze_count()
+    tok = tokenizer(tmp_path)
+    finetune(classifier(tok.vocab_size, 2), TrainRun(tmp_path / "ft", encoded(tok, 32, seed=4), tokenizer=tok,
+                                                     callbacks=[Watch()], args=dict(max_steps=2, **FAST)))
+    assert frozen and frozen[0] > before + 1000, (before, frozen)  # the process's objects, the cycle among them
+    assert gc.get_freeze_count() == before
+    del cycle
+    gc.collect()
+    assert gone() is None
+
+
 def test_trainer_metrics_adds_main_score_for_glue_tasks():
     import numpy as np
     from transformers import EvalPrediction
