@@ -84,9 +84,10 @@ def train_and_export(
 def _collect_only_new_objects(device: torch.device):
     """``Trainer.train`` begins with Accelerate's ``free_memory``: a full ``gc.collect()`` to give a device's memory
     back. On a CPU there is no device cache to give back, and the collection scans every object of the process (a
-    pipeline process holds Prefect's, MLflow's and transformers' too): 0.3-1 s per run, several times a small run's
-    training. There the objects alive before the run are frozen (``gc.freeze``) for its length, so the collection
-    scans only the run's own; unfrozen after it, their cyclic garbage is collected as before."""
+    pipeline process holds Prefect's, MLflow's and transformers' too), longer than a small run's training. There the
+    objects alive before the run are frozen (``gc.freeze``) for its length, so the collection scans only the run's
+    own; unfrozen after it, their cyclic garbage is collected as before. Runs in parallel threads share the process's
+    one freeze: the first to end unfreezes it, which costs the others speed, never memory."""
     if device.type != "cpu":
         yield
         return
