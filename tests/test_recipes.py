@@ -399,3 +399,48 @@ def test_minilm_intermediate_step_distils_the_last_layer_on_the_task_before_fine
     # an interrupted stage reuses a finished step 1 under the same key
     recipe.task_stage(ctx)
     assert loaded == [step1, step1]
+
+
+def test_layers_from_says_where_a_student_without_a_general_stage_starts(tok, tmp_path):
+    """`layers_from`: a DistilBERT student that skips general distillation starts from the pre-trained teacher's
+    layers with `pretrained` (the paper's start; by default it takes the fine-tuned teacher's), a BERT-PKD student from
+    the fine-tuned teacher's with `finetuned` (by default the pre-trained's); its direct baseline starts at the same
+    place. Refused where it cannot hold: with general distillation (which starts from the pre-trained layers) or an
+    init that takes no teacher layers."""
+    from types import SimpleNamespace
+
+    from distillery.recipes import TaskContext
+    from distillery.recipes.base import task_student
+    from distillery.recipes.pkd import PKDRecipe as PKD
+
+    torch.manual_seed(0)
+    pretrained = transformers.BertForMaskedLM(bert_config(tok.vocab_size, 4))
+    pretrained.save_pretrained(tmp_path / "mlm")
+    finetuned = transformers.BertForSequenceClassification(bert_config(tok.vocab_size, 4, num_labels=2))
+    ctx = TaskContext(student="s", task="demo", teacher=finetuned, tokenizer=tok, labels={"num_labels": 2},
+                      data=None, out=tmp_path, sections=SimpleNamespace(student_dropout=None), train_args=None,
+                      grid=None, pretrained=str(tmp_path / "mlm"))
+    bert = {"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64}
+    cases = [(DistilBertRecipe, {"shape": {**bert, "arch": "distilbert"}, "init": {"teacher_layers": [1, 3]},
+                           "general_distillation": False}, lambda m, j: m.distilbert.transformer.layer[j].ffn.lin2),
+             (PKD, {"shape": bert}, lambda m, j: m.bert.encoder.layer[j].output.dense)]
+    for cls, fields, student_layer in cases:
+        default = cls(**fields)
+        for layers_from in ("pretrained", "finetuned"):
+            recipe = cls(**fields, layers_from=layers_from)
+            assert recipe.starts_from_pretrained_layers == (layers_from == "pretrained")
+            source = pretrained.bert if layers_from == "pretrained" else finetuned.bert
+            other = finetuned.bert if layers_from == "pretrained" else pretrained.bert
+            taken = [1, 3] if cls is DistilBertRecipe else [0, 1]
+            for general in (True, False):  # the student's start, and its direct baseline's
+                student = task_student(recipe, ctx, general=general)()
+                for j, t in enumerate(taken):
+                    weight = student_layer(student, j).weight
+                    assert torch.equal(weight, source.encoder.layer[t].output.dense.weight), (cls, layers_from)
+                    assert not torch.equal(weight, other.encoder.layer[t].output.dense.weight)
+        assert default.starts_from_pretrained_layers == (cls is PKD)
+    with pytest.raises(ValueError, match="general_distillation: false"):
+        DistilBertRecipe(shape={**bert, "arch": "distilbert"}, init={"teacher_layers": [1, 3]}, layers_from="finetuned",
+                   general_distillation=True)
+    with pytest.raises(ValueError, match="needs an init from teacher layers"):
+        TinyBertRecipe(shape=bert, layers_from="pretrained")

@@ -293,6 +293,11 @@ class Recipe(Section):
     #: step on TinyBERT's augmented set when `augment.enabled` (a CPU-budget option of this project, no paper's);
     #: refused for a recipe whose task stage distils already (``task_distills``: TinyBERT, BERT-PKD)
     task_distillation: bool | Literal["augmented"] = False
+    #: where a student initialised from teacher layers (or pruned) that runs no general stage copies them from:
+    #: ``pretrained`` (the MLM teacher's, a fresh head: where DistilBERT's and BERT-PKD's papers start) or
+    #: ``finetuned`` (the task's fine-tuned teacher's, its classifier too); None: the recipe's
+    #: ``LAYERS_FROM_PRETRAINED``. Its direct baseline starts there too.
+    layers_from: Literal["pretrained", "finetuned"] | None = None
 
     #: The loss terms of the recipe's layer-wise stage with the paper's weights (0: available, off by default).
     OBJECTIVES: ClassVar[dict[str, float]] = {}
@@ -300,9 +305,9 @@ class Recipe(Section):
     LEVEL: ClassVar[str] = "intermediate"
     #: Whether the student may be deeper than the teacher (MobileBERT: it takes its IB teacher's depth).
     ANY_DEPTH: ClassVar[bool] = False
-    #: Whether a student initialised from teacher layers copies them from the pre-trained teacher (a fresh head) even
-    #: when it runs no general stage (BERT-PKD: its official code starts BERT_k from pre-trained BERT's first k
-    #: layers); otherwise such a student starts from the fine-tuned teacher, whose classifier it copies too.
+    #: ``layers_from``'s default: whether a student initialised from teacher layers copies them from the pre-trained
+    #: teacher (a fresh head) even when it runs no general stage (BERT-PKD: its official code starts BERT_k from
+    #: pre-trained BERT's first k layers); otherwise such a student starts from the fine-tuned teacher.
     LAYERS_FROM_PRETRAINED: ClassVar[bool] = False
     #: Every student-level stage :meth:`stages` may return, in order -> the folder of ``models/`` it writes
     #: (``models/<folder>/<student>/model``).
@@ -312,6 +317,16 @@ class Recipe(Section):
     @classmethod
     def _init(cls, v):
         return _init_from_yaml(v)
+
+    @model_validator(mode="after")
+    def _layers_from(self) -> "Recipe":
+        if self.layers_from is not None and self.init.kind not in ("teacher_layers", "pruned"):
+            raise ValueError(f"layers_from: {self.layers_from} needs an init from teacher layers (teacher_layers or "
+                             f"pruned), not {self.init.kind}")
+        if self.layers_from == "finetuned" and self.runs_general:
+            raise ValueError("layers_from: finetuned: general distillation starts from the pre-trained teacher's "
+                             "layers; give general_distillation: false")
+        return self
 
     @model_validator(mode="after")
     def _shape_or_budget(self) -> "Recipe":
@@ -362,8 +377,14 @@ class Recipe(Section):
     @property
     def starts_from_pretrained_layers(self) -> bool:
         """Whether the student starts from the pre-trained teacher's layers (teacher layers or pruned, in its general
-        stage, or in its task stage when ``LAYERS_FROM_PRETRAINED``): where its direct baseline starts too."""
-        return (self.runs_general or self.LAYERS_FROM_PRETRAINED) and self.init.kind in ("teacher_layers", "pruned")
+        stage, or in its task stage by ``layers_from``): where its direct baseline starts too."""
+        if self.init.kind not in ("teacher_layers", "pruned"):
+            return False
+        if self.runs_general:
+            return True
+        if self.layers_from is not None:
+            return self.layers_from == "pretrained"
+        return self.LAYERS_FROM_PRETRAINED
 
     @property
     def needs_mlm_teacher(self) -> bool:
