@@ -130,29 +130,6 @@ def test_student_starts_from_the_first_k_teacher_layers(tok):
         assert torch.equal(student.bert.encoder.layer[j].output.dense.weight, teacher.bert.encoder.layer[j].output.dense.weight)
 
 
-def test_student_and_its_direct_baseline_start_from_the_pretrained_teacher(tok, tmp_path):
-    """The official code's default: BERT_k from pre-trained BERT's first k layers (a fresh classifier), not from the
-    fine-tuned teacher's; the direct baseline starts at the same place."""
-    from distillery.recipes import TaskContext
-    from distillery.recipes.base import task_student
-
-    torch.manual_seed(0)
-    pretrained = transformers.BertForMaskedLM(bert_config(tok.vocab_size, 4))
-    pretrained.save_pretrained(tmp_path / "mlm")
-    finetuned = transformers.BertForSequenceClassification(bert_config(tok.vocab_size, 4, num_labels=2))
-    ctx = TaskContext(student="pkd", task="demo", teacher=finetuned, tokenizer=tok, labels={"num_labels": 2},
-                      data=None, out=tmp_path, sections=SimpleNamespace(student_dropout=None), train_args=None,
-                      grid=None, pretrained=str(tmp_path / "mlm"))
-    recipe = PKD(shape={"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64})
-    assert recipe.starts_from_pretrained_layers
-    for general in (True, False):
-        student = task_student(recipe, ctx, general=general)()
-        for j in range(2):
-            weight = student.bert.encoder.layer[j].output.dense.weight
-            assert torch.equal(weight, pretrained.bert.encoder.layer[j].output.dense.weight)
-            assert not torch.equal(weight, finetuned.bert.encoder.layer[j].output.dense.weight)
-
-
 def test_task_stage_end_to_end(tok, tmp_path):
     """The recipe's task stage on a tiny fine-tuned teacher: every term logged, the student beats chance on dev."""
     from distillery.training.metrics import accuracy

@@ -404,9 +404,9 @@ def test_minilm_intermediate_step_distils_the_last_layer_on_the_task_before_fine
 def test_layers_from_says_where_a_student_without_a_general_stage_starts(tok, tmp_path):
     """`layers_from`: a DistilBERT student that skips general distillation starts from the pre-trained teacher's
     layers with `pretrained` (the paper's start; by default it takes the fine-tuned teacher's), a BERT-PKD student from
-    the fine-tuned teacher's with `finetuned` (by default the pre-trained's); its direct baseline starts at the same
-    place. Refused where it cannot hold: with general distillation (which starts from the pre-trained layers) or an
-    init that takes no teacher layers."""
+    the fine-tuned teacher's with `finetuned` (by default, as in the official code, BERT_k from pre-trained BERT's first
+    k layers, with a fresh classifier); its direct baseline starts at the same place. Refused where it cannot hold:
+    with general distillation (which starts from the pre-trained layers) or an init that takes no teacher layers."""
     from types import SimpleNamespace
 
     from distillery.recipes import TaskContext
@@ -425,20 +425,18 @@ def test_layers_from_says_where_a_student_without_a_general_stage_starts(tok, tm
                            "general_distillation": False}, lambda m, j: m.distilbert.transformer.layer[j].ffn.lin2),
              (PKD, {"shape": bert}, lambda m, j: m.bert.encoder.layer[j].output.dense)]
     for cls, fields, student_layer in cases:
-        default = cls(**fields)
-        for layers_from in ("pretrained", "finetuned"):
-            recipe = cls(**fields, layers_from=layers_from)
-            assert recipe.starts_from_pretrained_layers == (layers_from == "pretrained")
-            source = pretrained.bert if layers_from == "pretrained" else finetuned.bert
-            other = finetuned.bert if layers_from == "pretrained" else pretrained.bert
-            taken = [1, 3] if cls is DistilBertRecipe else [0, 1]
+        for layers_from in (None, "pretrained", "finetuned"):  # None: the recipe's default
+            recipe = cls(**fields, **({"layers_from": layers_from} if layers_from else {}))
+            from_pretrained = layers_from == "pretrained" or (layers_from is None and cls is PKD)
+            assert recipe.starts_from_pretrained_layers == from_pretrained
+            source, other = (pretrained.bert, finetuned.bert) if from_pretrained else (finetuned.bert, pretrained.bert)
+            taken = [1, 3] if cls is DistilBertRecipe else [0, 1]  # BERT-PKD: the first k
             for general in (True, False):  # the student's start, and its direct baseline's
                 student = task_student(recipe, ctx, general=general)()
                 for j, t in enumerate(taken):
                     weight = student_layer(student, j).weight
                     assert torch.equal(weight, source.encoder.layer[t].output.dense.weight), (cls, layers_from)
                     assert not torch.equal(weight, other.encoder.layer[t].output.dense.weight)
-        assert default.starts_from_pretrained_layers == (cls is PKD)
     with pytest.raises(ValueError, match="general_distillation: false"):
         DistilBertRecipe(shape={**bert, "arch": "distilbert"}, init={"teacher_layers": [1, 3]}, layers_from="finetuned",
                    general_distillation=True)
