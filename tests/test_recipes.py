@@ -422,7 +422,7 @@ def test_layers_from_says_where_a_student_without_a_general_stage_starts(tok, tm
                       grid=None, pretrained=str(tmp_path / "mlm"))
     bert = {"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64}
     cases = [(DistilBertRecipe, {"shape": {**bert, "arch": "distilbert"}, "init": {"teacher_layers": [1, 3]},
-                           "general_distillation": False}, lambda m, j: m.distilbert.transformer.layer[j].ffn.lin2),
+                                 "general_distillation": False}, lambda m, j: m.distilbert.transformer.layer[j].ffn.lin2),
              (PKD, {"shape": bert}, lambda m, j: m.bert.encoder.layer[j].output.dense)]
     for cls, fields, student_layer in cases:
         for layers_from in (None, "pretrained", "finetuned"):  # None: the recipe's default
@@ -438,7 +438,7 @@ def test_layers_from_says_where_a_student_without_a_general_stage_starts(tok, tm
                     assert torch.equal(weight, source.encoder.layer[t].output.dense.weight), (cls, layers_from)
                     assert not torch.equal(weight, other.encoder.layer[t].output.dense.weight)
     with pytest.raises(ValueError, match="general_distillation: false"):
-        DistilBertRecipe(shape={**bert, "arch": "distilbert"}, init={"teacher_layers": [1, 3]}, layers_from="finetuned",
-                   general_distillation=True)
+        DistilBertRecipe(shape={**bert, "arch": "distilbert"}, init={"teacher_layers": [1, 3]},
+                         layers_from="finetuned", general_distillation=True)
     with pytest.raises(ValueError, match="needs an init from teacher layers"):
         TinyBertRecipe(shape=bert, layers_from="pretrained")

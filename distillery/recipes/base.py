@@ -134,6 +134,7 @@ class CheckpointInit(Section):
 
 Init = Annotated[Union[RandomInit, TeacherLayersInit, PrunedInit, CheckpointInit], Field(discriminator="kind")]
 INIT_KINDS = ("random", "teacher_layers", "pruned", "checkpoint")
+LAYER_INITS = ("teacher_layers", "pruned")  # the inits that copy teacher layers
 
 
 def _init_from_yaml(v: Any) -> Any:
@@ -320,7 +321,7 @@ class Recipe(Section):
 
     @model_validator(mode="after")
     def _layers_from(self) -> "Recipe":
-        if self.layers_from is not None and self.init.kind not in ("teacher_layers", "pruned"):
+        if self.layers_from is not None and self.init.kind not in LAYER_INITS:
             raise ValueError(f"layers_from: {self.layers_from} needs an init from teacher layers (teacher_layers or "
                              f"pruned), not {self.init.kind}")
         if self.layers_from == "finetuned" and self.runs_general:
@@ -378,7 +379,7 @@ class Recipe(Section):
     def starts_from_pretrained_layers(self) -> bool:
         """Whether the student starts from the pre-trained teacher's layers (teacher layers or pruned, in its general
         stage, or in its task stage by ``layers_from``): where its direct baseline starts too."""
-        if self.init.kind not in ("teacher_layers", "pruned"):
+        if self.init.kind not in LAYER_INITS:
             return False
         if self.runs_general:
             return True
@@ -445,7 +446,7 @@ class Recipe(Section):
             raise RecipeError(f"{key}.budget: a budgeted student's shape is chosen on the task (the search stage), "
                               "after general distillation would run: start it from the teacher (init: pruned, or "
                               "teacher_layers: auto) or set general_distillation: false")
-        if self.init.kind in ("teacher_layers", "pruned") and self.init.teacher_layers != "auto":
+        if self.init.kind in LAYER_INITS and self.init.teacher_layers != "auto":
             raise RecipeError(f"{key}.init.teacher_layers: a budgeted student's depth is searched; give 'auto' (the "
                               "teacher's layers spread evenly over the chosen depth)")
         self.budget_shapes(teacher, key)
@@ -497,7 +498,7 @@ class Recipe(Section):
                     f"{teacher.hidden // teacher.heads}: hidden <= {teacher.hidden}, heads <= {teacher.heads} with "
                     f"hidden / heads = {teacher.hidden // teacher.heads}, intermediate <= {teacher.intermediate}; the "
                     f"shape gives {s.hidden}/{s.heads}/{s.intermediate}")
-        if self.init.kind in ("teacher_layers", "pruned") and (layers := self.init.teacher_layers) != "auto":
+        if self.init.kind in LAYER_INITS and (layers := self.init.teacher_layers) != "auto":
             if len(layers) != s.layers:
                 raise RecipeError(f"{key}.init.teacher_layers: {len(layers)} layers for a {s.layers}-layer student")
             if max(layers) >= teacher.layers:
