@@ -8,7 +8,6 @@ from typing import Any
 from tasks import paths
 from tasks.data import resolve, vectors_path
 from tasks.execute import shards_dir
-from tasks.launch import distributed, distributed_params
 from tasks.stage import Stage
 from tasks.teacher import load_task, teacher_gate
 
@@ -63,11 +62,11 @@ def _deps(p: Params, task: str) -> list[Path]:
 
 
 AUGMENT = Stage(
-    "augment", distributed(run_augment), device="shared",
+    "augment", run_augment, device="shared", distributed=True,
     deps=_deps,
     outs=lambda p, t: [paths.augmented(t)],
     params=lambda p, t: {"seed": p.seed, "augment": p.augment.model_dump(mode="json"),
                          "max_words": p.word_vectors.max_words,
-                         "min_gain_over_trivial": p.teacher_finetune.min_gain_over_trivial, **distributed_params(p)},
+                         "min_gain_over_trivial": p.teacher_finetune.min_gain_over_trivial},
     code=("distillery/augment", "distillery/glue", "tasks/augment.py", "tasks/teacher.py"),
 )

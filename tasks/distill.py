@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tasks import paths
-from tasks.launch import distributed, distributed_params
 from tasks.stage import SkipStage, Stage, skipped, split_item
 from tasks.teacher import (checkpoint_options, encoding, finish, load_task, teacher_gate, teacher_source,
                            train_options)
@@ -255,11 +254,11 @@ def _student_stage(name: str) -> Stage:
     def params(p: Params, s: str) -> dict[str, Any]:
         schedule = student_stages(p, s)[name].schedule
         return {"seed": p.seed, "student": p.students[s].model_dump(mode="json"),
-                schedule: getattr(p, schedule).model_dump(mode="json"), **distributed_params(p)}
+                schedule: getattr(p, schedule).model_dump(mode="json")}
 
     run.__name__ = run.__qualname__ = f"run_{name}"
     globals()[run.__name__] = run  # the launcher (tasks.launch) finds a stage body as MODULE:FUNCTION in its ranks
-    return Stage(name, distributed(run), device="shared", deps=deps, curve=True,
+    return Stage(name, run, device="shared", distributed=True, deps=deps, curve=True,
                  outs=lambda p, s: [stage_dir(name, s) / "model"], params=params, code=TRAINING_CODE)
 
 
@@ -301,24 +300,23 @@ def _baseline_deps(p: Params, item: str) -> list[Path]:
 
 
 BASELINE = Stage(
-    "baseline", distributed(run_baseline), device="shared",
+    "baseline", run_baseline, device="shared", distributed=True,
     deps=_baseline_deps,
     outs=lambda p, item: [paths.baseline(*split_item(item)) / "model"],
     params=lambda p, item: {"seed": p.seed, **encoding(p, split_item(item)[1]),
                             "student": p.students[split_item(item)[0]].model_dump(mode="json"),
                             "direct_finetune": p.task_distillation.finetune.model_dump(mode="json"),
-                            "student_dropout": p.task_distillation.student_dropout,
-                            **distributed_params(p)},
+                            "student_dropout": p.task_distillation.student_dropout},
     code=TRAINING_CODE + ("distillery/glue", "tasks/teacher.py"),
 )
 TASK_DISTILLATION = Stage(
-    "task_distillation", distributed(run_task_distillation), device="shared", curve=True,
+    "task_distillation", run_task_distillation, device="shared", distributed=True, curve=True,
     deps=_task_deps,
     outs=lambda p, item: [paths.student(*split_item(item)) / "model"],
     params=lambda p, item: {"seed": p.seed, **encoding(p, split_item(item)[1]),
                             "student": p.students[split_item(item)[0]].model_dump(mode="json"),
                             "augment": p.augment.enabled,
                             "task_distillation": p.task_distillation.model_dump(mode="json"),
-                            "min_gain_over_trivial": p.teacher_finetune.min_gain_over_trivial, **distributed_params(p)},
+                            "min_gain_over_trivial": p.teacher_finetune.min_gain_over_trivial},
     code=TRAINING_CODE + ("distillery/glue", "tasks/teacher.py"),
 )

@@ -23,6 +23,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -31,6 +34,7 @@ from typing import Any, Callable, Literal
 from tasks.env import ROOT
 
 from distillery.config import Params
+from distillery.errors import UserError
 from distillery.io import atomic_dir, write_json, write_text
 
 STAMPS = ROOT / ".prefect" / "stamps"
@@ -79,22 +83,33 @@ class Stage:
     device: Literal["", "shared", "exclusive"] = ""
     #: The body returns a training curve (`result["curve"]`), which the pipeline copies to metrics/curves/.
     curve: bool = False
+    #: The body trains through the Trainer and runs on `distributed.nproc_per_node` processes when that is over 1
+    #: (`launch`), the `distributed` section then one of its params (another reduction order, other dropout masks).
+    distributed: bool = False
 
     def __post_init__(self) -> None:
         # every stage reads its params through distillery/config.py, where their defaults live: editing a default
         # reruns the stage in the flow (its key) and in `dvc repro` (a dep of every stage in dvc.yaml)
         object.__setattr__(self, "code", tuple(dict.fromkeys((*self.code, "distillery/config.py"))))
-        if self.device:  # what computes on the device runs at the params' precision: a param of the stage (dvc.yaml)
-            object.__setattr__(self, "params", _with_precision(self.params))
+        if self.device or self.distributed:  # how it computes: params of the stage (its key, dvc.yaml)
+            object.__setattr__(self, "params", _with_compute(self.params, self.device != "", self.distributed))
         # a task's stages (item "<task>" or "<student>:<task>") see its `per_task` settings, in every use of the stage
-        for name in ("run", "deps", "outs", "params"):
+        # (the body's params are scoped by `run_stage`)
+        for name in ("deps", "outs", "params"):
             object.__setattr__(self, name, _for_item(getattr(self, name)))
 
 
-def _with_precision(fn: Callable[[Params, str | None], dict[str, Any]]) -> Callable[[Params, str | None], dict[str, Any]]:
+def _with_compute(fn: Callable[[Params, str | None], dict[str, Any]], device: bool,
+                  distributed: bool) -> Callable[[Params, str | None], dict[str, Any]]:
+    """`fn`'s params and what decides how the body computes: the precision of what runs on the device, the
+    `distributed` section when the body runs on several processes (one process keeps the key it had)."""
+
     @functools.wraps(fn)
     def params(p: Params, item: str | None) -> dict[str, Any]:
-        return {**fn(p, item), "precision": p.precision}
+        compute = {"precision": p.precision} if device else {}
+        if distributed and p.distributed.nproc_per_node > 1:
+            compute["distributed"] = p.distributed.model_dump(mode="json")
+        return {**fn(p, item), **compute}
 
     return params
 
@@ -107,15 +122,20 @@ def precision_used(stage: Stage, params: Params) -> str | None:
     return resolve(params.precision) if stage.device else None
 
 
+def for_item(p: Params, item: str | None) -> Params:
+    """The params of the item's task (`Params.for_task`; other items: the run's). A student named like a task would
+    get that task's sections, which no student stage reads."""
+    return p.for_task(item.rpartition(":")[2]) if item else p
+
+
 def _for_item(fn: Callable[[Params, str | None], Any]) -> Callable[[Params, str | None], Any]:
-    """`fn` given the params of the item's task (`Params.for_task`; other items: the run's). A student named like a
-    task would get that task's sections, which no student stage reads."""
+    """`fn` given the params of the item's task (`for_item`)."""
     if getattr(fn, "for_item", False):
         return fn
 
     @functools.wraps(fn)
     def scoped(p: Params, item: str | None) -> Any:
-        return fn(p.for_task(item.rpartition(":")[2]) if item else p, item)
+        return fn(for_item(p, item), item)
 
     scoped.for_item = True
     return scoped
@@ -231,9 +251,10 @@ def run_stage(stage: Stage, params: Params, item: str | None, key: str | None = 
         set_seed(params.seed)
     from distillery import precision
 
+    p = for_item(params, item)
     try:
         with precision.use(params.precision):
-            result = stage.run(params, item)
+            result = launch(stage.run, p, item) if _on_ranks(stage, p) else stage.run(p, item)
     except SkipStage as exc:
         write_skipped(stage.outs(params, item), exc.reason)
         result = {"skipped": exc.reason}
@@ -246,3 +267,36 @@ def split_item(item: str) -> tuple[str, str]:
     """A student-task item "student:task" -> (student, task)."""
     student, task = item.split(":", 1)
     return student, task
+
+
+def _on_ranks(stage: Stage, p: Params) -> bool:
+    """The body goes to `launch`: a distributed stage on N > 1 processes, called outside a rank."""
+    if not (stage.distributed and p.distributed.nproc_per_node > 1):
+        return False
+    from distillery.training.distributed import launched
+
+    return not launched()
+
+
+def launch(body: Callable[[Params, str | None], dict[str, Any]], p: Params, item: str | None) -> dict[str, Any]:
+    """Run `body` (a module-level stage body) on N = `distributed.nproc_per_node` processes under torchrun, each a
+    rank of `tasks.launch`; return rank 0's result. A skip or a user error in the ranks is raised here as in one
+    process."""
+    target, n = f"{body.__module__}:{body.__name__}", p.distributed.nproc_per_node
+    with tempfile.TemporaryDirectory(prefix="distillery-launch-") as tmp:
+        params_file, result_file = Path(tmp) / "params.json", Path(tmp) / "result.json"
+        params_file.write_text(p.model_dump_json(), encoding="utf-8")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
+               "-m", "tasks.launch", target, "--params", str(params_file), "--result", str(result_file)]
+        if item is not None:
+            cmd += ["--item", item]
+        returncode = subprocess.run(cmd, cwd=ROOT).returncode
+        result = json.loads(result_file.read_text(encoding="utf-8")) if result_file.is_file() else {}
+    if "skipped" in result:  # the body found nothing to do, in every rank alike
+        raise SkipStage(result["message"], result["skipped"])
+    if "error" in result:
+        raise UserError(result["error"])
+    if returncode != 0 or "result" not in result:
+        raise RuntimeError(f"{target} on {n} processes (torchrun) exited with status {returncode}; the ranks' "
+                           "output is above")
+    return result["result"]

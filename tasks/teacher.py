@@ -10,7 +10,6 @@ from typing import Any
 
 from tasks import paths
 from tasks.data import resolve
-from tasks.launch import distributed, distributed_params
 from tasks.stage import SkipStage, Stage
 
 from distillery.config import Params, TrainSection
@@ -279,22 +278,22 @@ def _given_teacher_deps(p: Params, task: str) -> list[Path]:
 
 
 PRETRAIN = Stage(
-    "pretrain", distributed(run_pretrain), device="shared", curve=True,
+    "pretrain", run_pretrain, device="shared", distributed=True, curve=True,
     deps=lambda p, _: _pretrain_deps(p),
     outs=lambda p, _: [paths.teacher_mlm() / "model"],
     params=lambda p, _: {"seed": p.seed, "teacher": p.teacher.model_dump(mode="json"),
-                         "pretrain": p.pretrain.model_dump(mode="json"), **distributed_params(p)},
+                         "pretrain": p.pretrain.model_dump(mode="json")},
     code=("distillery/training", "distillery/models.py", "distillery/corpus.py", "tasks/teacher.py"),
 )
 FINETUNE_TEACHER = Stage(
-    "finetune_teacher", distributed(run_finetune_teacher), device="shared", curve=True,
+    "finetune_teacher", run_finetune_teacher, device="shared", distributed=True, curve=True,
     deps=lambda p, t: [paths.task_data(t)] + (_given_teacher_deps(p, t) if t in p.teacher.finetuned
                                               else _finetune_source_deps(p)),
     outs=lambda p, t: [paths.teacher(t) / "model"],
     params=lambda p, t: {"seed": p.seed, **encoding(p, t),
                          "teacher_finetune": p.teacher_finetune.model_dump(
                              mode="json", exclude={"min_gain_over_trivial", "stop_on_failed_gate"}),
-                         "teacher": p.teacher.model_dump(mode="json"), **distributed_params(p)},
+                         "teacher": p.teacher.model_dump(mode="json")},
     code=("distillery/training", "distillery/models.py", "distillery/glue", "distillery/squad",
           "distillery/task_kinds.py", "tasks/teacher.py"),
 )

@@ -101,24 +101,32 @@ def _csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
-def test_launcher_runs_a_stage_body_on_n_processes_and_returns_rank_zero_result(monkeypatch):
-    from distillery.errors import UserError
-    from tasks.launch import distributed, distributed_params, launch
+def test_a_distributed_stage_runs_its_body_on_n_processes_and_returns_rank_zero_result(monkeypatch, tmp_path):
+    from ddp_worker import body
 
+    from distillery.errors import UserError
+    from tasks import stage as stages
+
+    monkeypatch.setattr(stages, "STAMPS", tmp_path)
     raw = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
     p = parse_params({**raw, "distributed": {"nproc_per_node": 2, "backend": "gloo"}})
     for key, value in _env().items():
         monkeypatch.setenv(key, value)
-    result = launch("ddp_worker:body", p, "x")
+    declared = dict(deps=lambda q, item: [], outs=lambda q, item: [], params=lambda q, item: {}, device="shared")
+    ranks, local = stages.Stage("ranks", body, distributed=True, **declared), stages.Stage("local", body, **declared)
+    result = stages.run_stage(ranks, p, "x")
     assert (result["rank"], result["world"]) == (0, 2)
     assert result["per_device"] == p.general_distillation.batch_size // 2
     assert parse_params(result["params"]) == p  # the ranks run with exactly the parent's params
     with pytest.raises(UserError, match="a user error on every rank"):
-        launch("ddp_worker:body", p, "fail")
-    # one process: the body runs in place, and the stage's params (its cache key) are what they were
+        stages.run_stage(ranks, p, "fail")
+    # one process, or a stage not declared distributed: the body runs in place; the stage's params (its cache key)
+    # hold the section only for N > 1, so a one-process run keeps the key it had
     one = parse_params(raw)
-    assert distributed(lambda q, item: {"in_place": item})(one, "y") == {"in_place": "y"}
-    assert distributed_params(one) == {} and distributed_params(p)["distributed"]["nproc_per_node"] == 2
+    assert stages.run_stage(ranks, one, "y")["world"] == 1
+    assert stages.run_stage(local, p, "y")["world"] == 1
+    assert "distributed" not in ranks.params(one, "y") and ranks.params(p, "y")["distributed"]["nproc_per_node"] == 2
+    assert "distributed" not in local.params(p, "y")
 
 
 def test_params_batch_sizes_are_global_and_split_evenly():

@@ -37,7 +37,7 @@ def test_a_tasks_settings_merge_over_the_runs_key_by_key():
     assert p.for_task(None) is p
 
 
-def test_stages_of_a_task_see_its_settings_and_no_other_stage_does():
+def test_stages_of_a_task_see_its_settings_and_no_other_stage_does(monkeypatch, tmp_path):
     from flows.stages import STAGES
     from tasks.stage import stage_key
 
@@ -58,9 +58,16 @@ def test_stages_of_a_task_see_its_settings_and_no_other_stage_does():
     stage = STAGES["task_distillation"]
     from dataclasses import replace
 
-    spy = replace(stage, run=lambda q, item: seen.setdefault(item, q.task_distillation.prediction.epochs))
-    spy.run(p, "tinybert-demo:sst2")
-    spy.run(p, "tinybert-demo:cola")
+    from tasks import stage as stages
+
+    monkeypatch.setattr(stages, "STAMPS", tmp_path)  # the body runs as `run_stage` runs it, which stamps
+    def spy_body(q, item):
+        seen[item] = q.task_distillation.prediction.epochs
+        return {}
+
+    spy = replace(stage, run=spy_body, outs=lambda q, item: [])
+    stages.run_stage(spy, p, "tinybert-demo:sst2", key="k")
+    stages.run_stage(spy, p, "tinybert-demo:cola", key="k")
     assert seen == {"tinybert-demo:sst2": 1, "tinybert-demo:cola": p.task_distillation.prediction.epochs}
 
 
