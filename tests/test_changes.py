@@ -23,6 +23,7 @@ def test_a_registered_teacher_resolves_to_the_version_its_alias_names(tmp_path, 
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root is ./mlruns
     monkeypatch.setattr(paths, "MODELS", tmp_path / "models")
     registered.resolve_registered.cache_clear()
     for width in (16, 32):
@@ -93,6 +94,7 @@ def test_registering_a_teacher_without_a_prefect_server_says_no_event_was_emitte
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root is ./mlruns
     cfg = transformers.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                                   intermediate_size=32)
     transformers.BertForMaskedLM(cfg).save_pretrained(tmp_path / "teacher")

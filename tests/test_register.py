@@ -61,6 +61,7 @@ def project(tmp_path_factory):
     uri = f"sqlite:///{root / 'mlflow.db'}"
     mp.setenv("MLFLOW_TRACKING_URI", uri)
     mlflow.set_tracking_uri(uri)
+    mp.chdir(root)  # MLflow's default artifact root is ./mlruns
     for task in TASKS:
         spec = get_task(task)
         save_tiny_model(paths.student("tiny", task) / "model", transformers.BertForSequenceClassification,
