@@ -16,6 +16,9 @@ A body with nothing to do for its item (its task's teacher failed the gate) rais
 without running, each output becomes a skip record that says why (`write_skipped`, read back with `skipped`), and it
 is stamped like any run, so the flow, `python -m flows.stage` and `dvc repro` (which needs every declared output)
 agree, and a re-run finds it fresh until its inputs or params change.
+
+`run_stage` gives a body the params of its item's task (`for_item`) and, for a stage declared `distributed` with
+`distributed.nproc_per_node` > 1, runs it on that many torchrun ranks (`launch`; one rank: `tasks.launch`).
 """
 
 from __future__ import annotations
