@@ -29,8 +29,12 @@ def body(p, item):
     from distillery.errors import UserError
     from distillery.training.distributed import per_device_batch, rank, world_size
 
+    from tasks.stage import SkipStage
+
     if item == "fail":
         raise UserError("a user error on every rank")
+    if item == "skip":
+        raise SkipStage("nothing to do for this item", "nothing to do")
     return {"rank": rank(), "world": world_size(), "per_device": per_device_batch(p.general_distillation.batch_size),
             "params": p.model_dump(mode="json")}
 

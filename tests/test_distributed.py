@@ -129,6 +129,26 @@ def test_a_distributed_stage_runs_its_body_on_n_processes_and_returns_rank_zero_
     assert "distributed" not in local.params(p, "y")
 
 
+def test_a_rank_reports_the_bodys_result_its_skip_or_its_user_error(tmp_path):
+    """`tasks.launch`, the rank side, in this process (one rank: no process group): what rank 0 writes for the
+    launching stage, which raises the skip or the error again there (above)."""
+    from tasks import launch
+
+    p = parse_params(yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8")))
+    params_file = tmp_path / "params.json"
+    params_file.write_text(p.model_dump_json(), encoding="utf-8")
+
+    def rank(item: str) -> tuple[int, dict]:
+        result = tmp_path / f"{item}.json"
+        code = launch.main(["ddp_worker:body", "--params", str(params_file), "--result", str(result), "--item", item])
+        return code, json.loads(result.read_text(encoding="utf-8"))
+
+    code, report = rank("x")
+    assert code == 0 and report["result"]["world"] == 1 and parse_params(report["result"]["params"]) == p
+    assert rank("skip") == (0, {"skipped": "nothing to do", "message": "nothing to do for this item"})
+    assert rank("fail") == (1, {"error": "a user error on every rank"})
+
+
 def test_params_batch_sizes_are_global_and_split_evenly():
     raw = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
     with pytest.raises(ConfigError, match=r"distributed: nproc_per_node=3 does not divide pretrain.batch_size \(32\)"):
