@@ -171,9 +171,7 @@ class Distiller(nn.Module):
                 nsp_logits=fp32(getattr(s_out, "seq_relationship_logits", None)), nsp_labels=next_sentence_label,
                 projection=self.projection, logit_mask=_span_mask(s_out, attention_mask),
             )
-            terms = {}
-            for name in self.active:
-                terms[name] = TERMS[name].compute(batch)
+            terms = {name: TERMS[name].compute(batch) for name in self.active}
         return DistillerOutput(loss=self.spec.objectives.combine(terms), logits=batch.student_logits, terms=terms)
 
 
