@@ -264,6 +264,7 @@ def prefect_server() -> str:
                 proc.wait(timeout=10)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+            log.close()
             shutil.rmtree(home, ignore_errors=True)
 
         atexit.register(stop)

@@ -78,7 +78,8 @@ def test_the_run_survives_its_server_dying_and_a_rerun_skips_what_finished(tmp_p
     the console says once that the server is gone, exit 0; the re-run says `cached` for every stage."""
     params = {**ONE_STUDENT, "augment": {"enabled": False}, "registry": {"enabled": False}}
     project = make_project(tmp_path, params, dvc_yaml=False)
-    env = {**env_for(project, ephemeral=True), "PREFECT_CLIENT_MAX_RETRIES": "1"}  # the client's retries: ~1 min with the default 5
+    # its own ephemeral server, to kill; the client's retries: ~1 min with the default 5
+    env = {**env_for(project, ephemeral=True), "PREFECT_CLIENT_MAX_RETRIES": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "flows.pipeline"], cwd=project, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
