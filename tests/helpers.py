@@ -7,17 +7,25 @@ tests/ on sys.path). Fixtures live in tests/conftest.py. No test file imports fr
   deployment worker and bad input; RESUME: ONE_STUDENT with resume points), a project directory holding copies of the
   pipeline files, the environment and runner of a pipeline command, the console's stage lines, and `scratch`: change
   a shared project and get it back as it was.
+- Servers: a long-running command in its own process group (`Server`, on a `free_port`, in a `clean_env`), and the
+  Prefect server this test process's pipeline commands report to (`prefect_server`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Iterator
 
@@ -229,57 +237,75 @@ def make_project(tmp: Path, params: dict | None = None, *, dvc_yaml: bool = True
     return tmp
 
 
-_PREFECT_SERVER: dict[str, object] = {}
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment of a server or command that must not see this process's Prefect or MLflow settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    env.update(DO_NOT_TRACK="true", PREFECT_SERVER_ANALYTICS_ENABLED="false", MLFLOW_DISABLE_TELEMETRY="true",
+               DVC_NO_ANALYTICS="1", **extra)
+    env.setdefault("OMP_NUM_THREADS", "1")  # micro models: one intra-op thread (see env_for)
+    return env
+
+
+class Server:
+    """A server (or any long-running command) in its own process group, killed (group and all) by stop(); with a
+    `health` URL, up once that URL answers."""
+
+    def __init__(self, cmd: list[str], health: str | None, env: dict[str, str], log: Path, cwd: Path):
+        self.log = log
+        self.proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        if health is None:
+            return
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{cmd[0]} exited:\n{log.read_text()[-4000:]}")
+            try:
+                with urllib.request.urlopen(health, timeout=2):
+                    return
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.5)
+        self.stop()
+        raise AssertionError(f"{health} not up after 180 s:\n{log.read_text()[-4000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                    self.proc.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+                except ProcessLookupError:
+                    break
+
+
+@functools.cache
 def prefect_server() -> str:
     """The API URL of this test process's Prefect server (`prefect server start`, API only, no services: what the
     ephemeral server a pipeline starts without PREFECT_API_URL runs), started on first use and stopped at exit. A
     pipeline command on it skips the ephemeral server's start-up: ~8 s of CPU per command (a cached micro pipeline
     took 21 s, 12 s on a running server; 2026-11-28)."""
-    if not _PREFECT_SERVER:
-        import atexit
-        import signal
-        import socket
-        import tempfile
-        import time
-        import urllib.request
+    import atexit
+    import tempfile
 
-        home = Path(tempfile.mkdtemp(prefix="distillery-tests-prefect-server-"))
-        shutil.copyfile(prefect_database(), home / "prefect.db")
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
-        env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="true")
-        log = open(home / "server.log", "w")
-        proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
-                                 str(port), "--no-services", "--no-ui"], cwd=home, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-
-        def stop() -> None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            log.close()
-            shutil.rmtree(home, ignore_errors=True)
-
-        atexit.register(stop)
-        url = f"http://127.0.0.1:{port}/api"
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, f"the test Prefect server exited: {(home / 'server.log').read_text()[-3000:]}"
-            assert time.monotonic() < deadline, "the test Prefect server did not answer in 300 s"
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            time.sleep(0.2)
-        _PREFECT_SERVER["url"] = url
-    return str(_PREFECT_SERVER["url"])
+    home = Path(tempfile.mkdtemp(prefix="distillery-tests-prefect-server-"))
+    shutil.copyfile(prefect_database(), home / "prefect.db")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    atexit.register(shutil.rmtree, home, ignore_errors=True)  # after the server stops (atexit runs last-in first)
+    server = Server([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port),
+                     "--no-services", "--no-ui"], f"{url}/health", clean_env(PREFECT_HOME=str(home)),
+                    home / "server.log", home)
+    atexit.register(server.stop)
+    return url
 
 
 def env_for(project: Path, *, ephemeral: bool = False) -> dict[str, str]:

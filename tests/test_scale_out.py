@@ -22,10 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,7 +34,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import ONE_STUDENT, prefect_database, reviews
+from helpers import ONE_STUDENT, Server, clean_env, free_port, prefect_database, reviews
 
 from tasks import provenance
 from tasks.stage import fingerprint
@@ -49,59 +46,10 @@ PREFECT = [sys.executable, "-m", "prefect"]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
-    env.update(DO_NOT_TRACK="true", PREFECT_SERVER_ANALYTICS_ENABLED="false", MLFLOW_DISABLE_TELEMETRY="true",
-               DVC_NO_ANALYTICS="1", **extra)
-    env.setdefault("OMP_NUM_THREADS", "1")  # micro models: one intra-op thread (see helpers.env_for)
-    return env
-
-
 def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
     return proc
-
-
-class Server:
-    """A server (or any long-running command) in its own process group, killed (group and all) by stop(); with a
-    `health` URL, up once that URL answers."""
-
-    def __init__(self, cmd: list[str], health: str | None, env: dict[str, str], log: Path, cwd: Path):
-        self.log = log
-        self.proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        if health is None:
-            return
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"{cmd[0]} exited:\n{log.read_text()[-4000:]}")
-            try:
-                with urllib.request.urlopen(health, timeout=2):
-                    return
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.5)
-        self.stop()
-        raise AssertionError(f"{health} not up after 180 s:\n{log.read_text()[-4000:]}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-                try:
-                    os.killpg(self.proc.pid, sig)
-                    self.proc.wait(timeout=wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-                except ProcessLookupError:
-                    break
 
 
 class Stack:
