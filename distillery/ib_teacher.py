@@ -24,13 +24,15 @@ Two ways to get one:
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
 
 from distillery.models import IB_BERT, StudentShape, build_student
+
+if TYPE_CHECKING:  # the shape functions serve params validation, which should not load transformers' model code
+    from transformers import PreTrainedModel
 
 __all__ = ["IBShapeError", "ib_teacher_shape", "scratch_shape", "converted_shape", "convert_bert", "embedding_of"]
 

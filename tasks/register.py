@@ -202,9 +202,10 @@ def _already_registered(client, name: str, model_sha: str, metrics: dict[str, An
     return latest if same else None
 
 
-def _new_version(client, name: str, info):
-    """Register the logged model as a new version of `name` through the client API (the fluent
-    `registered_model_name=` prints two lines per version on stderr; this run prints its own one)."""
+def _new_version(client, name: str, info, tags: dict[str, Any]):
+    """Register the logged model as a new version of `name`, its tags with it (one write: no version without its
+    tags), through the client API (the fluent `registered_model_name=` prints two lines per version on stderr; this
+    run prints its own one)."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -212,7 +213,8 @@ def _new_version(client, name: str, info):
     except MlflowException as exc:
         if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
             raise
-    return client.create_model_version(name, source=info.model_uri, run_id=info.run_id, model_id=info.model_id)
+    return client.create_model_version(name, source=info.model_uri, run_id=info.run_id, model_id=info.model_id,
+                                       tags={k: str(v) for k, v in tags.items()})
 
 
 def _tag(value: Any) -> str:
@@ -340,7 +342,6 @@ def run_register(p: Params, item: str) -> dict[str, Any]:
 
             kwargs["pip_requirements"] = [*kwargs["pip_requirements"], f"onnxruntime=={onnxruntime.__version__}"]
         info = mlflow.pyfunc.log_model(name="model", artifacts=artifacts, **kwargs)
-    version = str(_new_version(client, name, info).version)
 
     inputs = registry_inputs(student, task)
     tags: dict[str, Any] = {"task": task, "student": student, "recipe": p.students[student].recipe, "served_form": form,
@@ -357,8 +358,7 @@ def run_register(p: Params, item: str) -> dict[str, Any]:
     if note:
         why = f"{note}; {why}"
     tags.update({"promoted": str(promote).lower(), "promotion": why})
-    for key, value in tags.items():
-        client.set_model_version_tag(name, version, key, value)
+    version = str(_new_version(client, name, info, tags).version)
     client.set_registered_model_alias(name, CANDIDATE, version)
     if promote:
         client.set_registered_model_alias(name, CHAMPION, version)
