@@ -26,10 +26,18 @@ def run_prepare_task(p: Params, task: str) -> dict[str, Any]:
         dsd["train"] = _subset(dsd["train"], p.data.max_train_examples, p.seed)
     for split in [s for s in dsd if s != "train" and not s.endswith("test")]:  # test stays whole: the GLUE server wants every row
         dsd[split] = _subset(dsd[split], p.data.max_eval_examples, p.seed)
-    out = paths.task_data(task)
-    with atomic_dir(out) as tmp:
-        dsd.save_to_disk(str(tmp))
+    save_task(p, task, dsd)
     return {split: len(ds) for split, ds in dsd.items()}
+
+
+def save_task(p: Params, task: str, dsd) -> None:
+    """The prepared task: its splits (`paths.task_data`) and beside them its trivial baseline's dev metrics
+    (`paths.trivial`), which the teacher gate and the evaluation read instead of computing them in every stage."""
+    from distillery.task_kinds import task_kind
+
+    with atomic_dir(paths.task_data(task)) as tmp:
+        dsd.save_to_disk(str(tmp))
+        write_json(tmp / paths.trivial(task).name, task_kind(task, p.data).trivial(dsd))
 
 
 def run_prepare_corpus(p: Params, _: str | None) -> dict[str, Any]:
@@ -117,8 +125,8 @@ PREPARE_TASK = Stage(
     deps=_task_inputs,
     outs=lambda p, t: [paths.task_data(t)],
     params=lambda p, t: {"seed": p.seed, "data": p.data.model_dump(mode="json")},
-    code=("distillery/glue", "distillery/squad/data.py", "distillery/demo.py", "distillery/custom_tasks.py",
-          "distillery/task_kinds.py", "tasks/data.py"),
+    code=("distillery/glue", "distillery/squad/data.py", "distillery/squad/metrics.py", "distillery/demo.py",
+          "distillery/custom_tasks.py", "distillery/task_kinds.py", "tasks/data.py"),
 )
 PREPARE_CORPUS = Stage(
     "prepare_corpus", run_prepare_corpus,

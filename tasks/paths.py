@@ -17,6 +17,11 @@ def task_data(task: str) -> Path:
     return DATA / "tasks" / task
 
 
+def trivial(task: str) -> Path:
+    """The prepared task's trivial baseline on dev (its metrics), written with the task by `prepare_task`."""
+    return task_data(task) / "trivial.json"
+
+
 def raw_corpus() -> Path:
     return DATA / "corpus" / "raw.txt"
 

@@ -207,11 +207,12 @@ class TeacherGateError(SkipStage, UserError, RuntimeError):
 
 
 def trivial_baseline(task: str) -> dict[str, float]:
-    """The task's trivial baseline on its dev split: majority class / mean score of the training labels; for a span
-    task the question-overlap sentence baseline (`distillery.task_kinds`)."""
-    from distillery.task_kinds import task_kind
+    """The task's trivial baseline on its dev split, as `prepare_task` wrote it (`paths.trivial`): majority class /
+    mean score of the training labels; for a span task the question-overlap sentence baseline
+    (`distillery.task_kinds`)."""
+    import json
 
-    return task_kind(task).trivial(load_task(task))
+    return json.loads(paths.trivial(task).read_text(encoding="utf-8"))
 
 
 def beats_trivial(p: Params, score: float, trivial: float) -> bool:

@@ -314,7 +314,7 @@ def project(tmp_path, monkeypatch):
 
 
 def _given(project, teacher: Path):
-    from tasks import paths
+    from tasks.data import save_task
 
     p = parse_params({"data": {"source": "demo", "tasks": ["tickets"], "custom": {"tickets": tickets(project)},
                                "max_length": 16},
@@ -324,7 +324,7 @@ def _given(project, teacher: Path):
                       "students": {"tiny": {"recipe": "tinybert", "shape": {"layers": 1, "hidden": 16, "heads": 2,
                                                                              "intermediate": 32}}}},
                      str(project / "params.yaml"))
-    custom_tasks.load("tickets", p.data.custom["tickets"], project).save_to_disk(str(paths.task_data("tickets")))
+    save_task(p, "tickets", custom_tasks.load("tickets", p.data.custom["tickets"], project))
     return p
 
 

@@ -75,6 +75,27 @@ def test_trivial_predictions_are_the_majority_class_or_the_mean_score(tmp_path):
     assert glue.trivial_baseline("sst2", [1, 0, 1], [1, 0]) == glue.compute_metrics("sst2", [1, 1], [1, 0])
 
 
+def test_the_prepared_task_keeps_its_trivial_baseline_which_the_gate_reads(tmp_path, params, monkeypatch):
+    """`prepare_task` saves the trivial baseline's dev metrics beside the task's splits; the gate and the evaluation
+    read that file (no stage computes it again)."""
+    import datasets
+
+    from tasks import paths
+    from tasks.data import save_task
+    from tasks.teacher import trivial_baseline
+
+    monkeypatch.setattr(paths, "DATA", tmp_path / "data")
+
+    def split(labels):
+        return datasets.Dataset.from_dict({"sentence": ["a film"] * len(labels), "label": labels,
+                                           "idx": list(range(len(labels)))})
+
+    save_task(params, "sst2", datasets.DatasetDict({"train": split([0, 1, 0, 0]), "dev": split([0, 1, 1])}))
+    assert trivial_baseline("sst2") == {**glue.compute_metrics("sst2", [0, 0, 0], [0, 1, 1]), "main": 1 / 3}
+    assert datasets.load_from_disk(str(paths.task_data("sst2")))["dev"]["label"][:] == [0, 1, 1]
+    assert sorted(f.name for f in (tmp_path / "data" / "tasks").iterdir()) == ["sst2"]  # nothing left half-written
+
+
 def test_report_lists_each_failed_task_and_averages_only_complete_rows():
     summary = {"sst2": {"teacher": {"accuracy": 0.9, "passed_gate": True}, "trivial": {"accuracy": 0.5},
                         "s": {"accuracy": 0.88, "retention": 0.88 / 0.9}},
