@@ -628,10 +628,11 @@ def check_params(p: Params, path: str = "params.yaml", root: Path | None = None)
 def _check_span_windows(p: Params, path: str) -> None:
     """Each span task's windows (`distillery.squad.FeatureConfig`) checked before any stage: one error naming the
     keys."""
-    from distillery.squad.features import FeatureConfig
     from distillery.task_kinds import is_span
 
     for task in (t for t in p.data.tasks if is_span(t)):
+        from distillery.squad.features import FeatureConfig  # with `datasets`: only where a span task is
+
         d = p.for_task(task).data
         try:
             FeatureConfig(max_length=d.max_length, doc_stride=d.doc_stride, max_query_length=d.max_query_length)

@@ -8,10 +8,13 @@ official BERT/TinyBERT `_truncate_seq_pair` does. No padding by default (pad per
 
 from __future__ import annotations
 
-import datasets
+from typing import TYPE_CHECKING
 
 from distillery.glue.loaders import UNLABELED
 from distillery.glue.tasks import TaskSpec, get_task
+
+if TYPE_CHECKING:
+    import datasets
 
 TEXT_COLUMNS = ("text_a", "text_b", "label")
 
@@ -25,6 +28,8 @@ def encode(dsdict: datasets.DatasetDict, tokenizer, task: str | TaskSpec, max_le
     split, label -1 everywhere) gets no `labels` column, so `Trainer.predict` computes no loss on it;
     a split mixing labeled and unlabeled rows is an error.
     """
+    import datasets  # lazy: see distillery.glue.loaders
+
     spec = get_task(task)
     if max_length < 4:
         raise ValueError(f"max_length must be >= 4, got {max_length}")

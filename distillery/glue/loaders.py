@@ -28,13 +28,13 @@ import io
 import math
 import os
 from pathlib import Path
-from typing import Iterable, Sequence
-
-import datasets
-import pyarrow as pa
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from distillery.errors import InputNotFoundError, UserError
 from distillery.glue.tasks import TaskSpec, get_task
+
+if TYPE_CHECKING:
+    import datasets
 
 UNLABELED = -1
 AUGMENTED_HEADER = "text_a"
@@ -45,6 +45,8 @@ class GlueFileError(UserError, ValueError):
 
 
 def _features(spec: TaskSpec, extra: Sequence[str] = ()) -> datasets.Features:
+    import datasets  # lazy here and in encode/stats: ~0.8 s with pandas and pyarrow, which the task registry needs not
+
     cols: dict = {"text_a": datasets.Value("string")}
     if spec.is_pair:
         cols["text_b"] = datasets.Value("string")
@@ -112,6 +114,9 @@ def _is_header(spec: TaskSpec, fields: list[str]) -> bool:
 
 def _rows_to_dataset(spec: TaskSpec, rows: dict[str, list], extra: Sequence[str] = ()) -> datasets.Dataset:
     """Columns -> Dataset through a typed Arrow table (Dataset.from_dict encodes row by row: ~10x slower)."""
+    import datasets
+    import pyarrow as pa
+
     features = _features(spec, extra)
     table = pa.table({name: pa.array(rows[name], type=feat.pa_type) for name, feat in features.items()})
     return datasets.Dataset(table)
@@ -222,6 +227,8 @@ def load_local(task: str | TaskSpec, data_dir: str | os.PathLike,
     splits=None loads every split whose file exists (at least one must); naming a split whose file is
     missing raises FileNotFoundError.
     """
+    import datasets
+
     spec = get_task(task)
     d = task_dir(spec, data_dir)
     if not d.is_dir():
@@ -250,6 +257,8 @@ def load_hub(task: str | TaskSpec, cache_dir: str | os.PathLike | None = None,
     text_a/text_b, and classification label ids are mapped into the registry's order by label *name*
     (e.g. Hub MNLI entailment=0 -> registry id 1). Hub test labels (-1) stay -1.
     """
+    import datasets
+
     spec = get_task(task)
     if spec.hub_config is None:
         raise ValueError(f"{spec.name}: not on the Hugging Face Hub (a generated task); use load_local")

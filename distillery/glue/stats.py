@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 from collections import Counter
 from pathlib import Path
-
-import datasets
+from typing import TYPE_CHECKING
 
 from distillery.errors import InputNotFoundError
 from distillery.glue.loaders import UNLABELED, available_splits, load_local, task_dir
 from distillery.glue.tasks import TASKS, TaskSpec, get_task
+
+if TYPE_CHECKING:
+    import datasets
 
 # STS-B scores are counted in unit bins; 5.0 falls in the last bin.
 SCORE_BINS = ("0-1", "1-2", "2-3", "3-4", "4-5")
