@@ -45,7 +45,7 @@ class GlueFileError(UserError, ValueError):
 
 
 def _features(spec: TaskSpec, extra: Sequence[str] = ()) -> datasets.Features:
-    import datasets  # lazy here and in encode/stats: ~0.8 s with pandas and pyarrow, which the task registry needs not
+    import datasets  # lazy here and in encode/stats: ~0.8 s with pandas and pyarrow; the task registry needs none
 
     cols: dict = {"text_a": datasets.Value("string")}
     if spec.is_pair:
