@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -150,3 +151,47 @@ def test_task_stage_end_to_end(tok, tmp_path):
     assert float(rows[-1]["train_patient_loss"]) < float(rows[0]["train_patient_loss"])
     acc = json.loads((grid.best_dir / "metrics.json").read_text())["eval_accuracy"]
     assert acc > 0.7, acc
+
+
+def test_the_extra_step_on_the_augmented_set_follows_patient_distillation(tok, tmp_path):
+    """`task_distillation: augmented`: after the patient grid (gold set, its own T), prediction-layer distillation of
+    its best run on the augmented set at the prediction section's temperature; the better of the two on dev is the
+    student."""
+    from distillery.training.metrics import accuracy
+
+    teacher, train, dev = finetuned_teacher(tok, tmp_path / "teacher")
+    augmented = train.select(range(0, len(train), 2))  # a different set, so the test sees which one was read
+    read = []
+
+    def data(aug):
+        read.append(aug)
+        return (augmented if aug else train), dev
+
+    template = TrainRun(tmp_path, None, tokenizer=tok, compute_metrics=accuracy, main_score="accuracy",
+                        args={**FAST, "seed": 0})
+    grid = Grid(learning_rates=(3e-3,), batch_sizes=(16,), epochs=2)
+    sections = SimpleNamespace(student_dropout=None, finetune=None,
+                               prediction=SimpleNamespace(temperature=1.0, regression_target="teacher"))
+    loaded = []
+
+    def load(path):
+        loaded.append(path)
+        return transformers.AutoModelForSequenceClassification.from_pretrained(path)
+
+    ctx = SimpleNamespace(student="pkd", task="demo", teacher=teacher, tokenizer=tok, labels={"num_labels": 2},
+                          head="sequence-classification", data=data, out=tmp_path / "student", sections=sections,
+                          general=None, pretrained=None, grid=lambda section: (grid, template), load=load)
+    recipe = PKD(shape={"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64}, task_distillation="augmented")
+    assert recipe.uses_augmented_data and recipe.loss_options(temperature=1.0).temperature == 1.0
+    assert recipe.loss_options().temperature == recipe.temperature == 10.0
+    best, _ = recipe.task_stage(ctx)
+
+    def grid_best(folder):
+        record = json.loads((tmp_path / "student" / folder / "grid.json").read_text())
+        return next(r for r in record["results"] if r["name"] == record["best"])
+
+    patient, extra = grid_best("grid"), grid_best("grid-distill")
+    assert read == [False, True] and loaded == [Path(patient["model_dir"])]  # the extra step starts from PKD's best
+    assert best.best["main"] == max(patient["main"], extra["main"])
+    rows = [r for r in read_log(Path(extra["model_dir"]) / "train_log.csv") if r.get("loss")]
+    assert "train_prediction_loss" in rows[0] and "train_patient_loss" not in rows[0]

@@ -290,9 +290,9 @@ class Recipe(Section):
     general_distillation: bool | None = None    # None: on unless init is a checkpoint (see ``runs_general``)
     teacher_train_mode: bool = False            # official TinyBERT: teacher dropout on while distilling
     #: after the fine-tuning grid, prediction-layer distillation from the fine-tuned teacher (DistilBERT's SQuAD extra
-    #: step, Sec. 4.2; a CPU-budget option for MiniLM and MobileBERT, whose papers fine-tune only); ``augmented``: that
-    #: step on TinyBERT's augmented set when `augment.enabled` (a CPU-budget option of this project, no paper's);
-    #: refused for a recipe whose task stage distils already (``task_distills``: TinyBERT, BERT-PKD)
+    #: step, Sec. 4.2; a CPU-budget option for MiniLM and MobileBERT, whose papers fine-tune only, and after BERT-PKD's
+    #: task stage); ``augmented``: that step on TinyBERT's augmented set when `augment.enabled` (a CPU-budget option of
+    #: this project, no paper's); TinyBERT refuses it (its step 2 is that step)
     task_distillation: bool | Literal["augmented"] = False
     #: where a student initialised from teacher layers (or pruned) that runs no general stage copies them from:
     #: ``pretrained`` (the MLM teacher's, a fresh head: where DistilBERT's and BERT-PKD's papers start) or
@@ -504,10 +504,6 @@ class Recipe(Section):
             if max(layers) >= teacher.layers:
                 raise RecipeError(f"{key}.init.teacher_layers: layer {max(layers)} does not exist in a "
                                   f"{teacher.layers}-layer teacher (0..{teacher.layers - 1})")
-        if self.task_distillation and self.task_distills:
-            raise RecipeError(f"{key}.task_distillation: the {self.recipe} recipe's task stage distils from the "
-                              "teacher already; the extra step is for recipes that fine-tune (minilm, distilbert, "
-                              "mobilebert)")
         if not self.runs_general and self.init.kind == "random" and not self.task_distills:
             raise RecipeError(f"{key}.general_distillation: a randomly initialised {self.recipe} student needs general "
                               "distillation (or init from teacher_layers / a checkpoint)")
@@ -604,13 +600,18 @@ class Recipe(Section):
         prediction-layer distillation of the best fine-tuned run over the grid ``task_distillation.prediction``; the
         student is the better of the two on dev (the extra step's runs join the grid's candidates: the same selection
         on dev the grid makes among its own runs; a tie keeps the extra step)."""
-        grid = finetune_grid(ctx, start, ctx.out / "grid")
-        if self.task_distillation:
-            best = grid.best_dir
-            distilled = prediction_stage(self, ctx, lambda: ctx.load(best), ctx.out / "grid-distill",
-                                         augmented=self.uses_augmented_data)
-            grid = max((distilled, grid), key=lambda g: g.best["main"])
-        return grid
+        return self.extra_step(ctx, finetune_grid(ctx, start, ctx.out / "grid"))
+
+    def extra_step(self, ctx: TaskContext, grid):
+        """With ``task_distillation``, prediction-layer distillation of ``grid``'s best run over the grid
+        ``task_distillation.prediction`` (on the augmented set with ``augmented``); the better of the two on dev (a
+        tie keeps the extra step). Without it, ``grid``."""
+        if not self.task_distillation:
+            return grid
+        best = grid.best_dir
+        distilled = prediction_stage(self, ctx, lambda: ctx.load(best), ctx.out / "grid-distill",
+                                     augmented=self.uses_augmented_data)
+        return max((distilled, grid), key=lambda g: g.best["main"])
 
     def task_projection(self, ctx: TaskContext, student):
         """The hidden-state projection task-distillation step 1 continues (`intermediate_stage`): None for objectives

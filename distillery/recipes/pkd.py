@@ -64,7 +64,8 @@ class PKDRecipe(Recipe):
     def loss_options(self, **task: Any):
         from distillery.objectives.registry import LossOptions
 
-        return LossOptions(temperature=self.temperature, extra={"patient_reduction": self.patient_reduction})
+        return LossOptions(**{"temperature": self.temperature, **task},  # the extra step: its section's temperature
+                           extra={"patient_reduction": self.patient_reduction})
 
     def map_layers(self, n_student: int, n_teacher: int):
         """Student layer j <- teacher layer I_pt(j) for j = 1..k-1 (1-based outputs of the layers)."""
@@ -92,7 +93,9 @@ class PKDRecipe(Recipe):
         return super().start_student(teacher, tokenizer, head=head, data=data, **head_kwargs)
 
     def task_stage(self, ctx: TaskContext):
-        """Patient distillation over the fine-tuning grid; the teacher runs on every batch (its hidden states)."""
+        """Patient distillation over the fine-tuning grid; the teacher runs on every batch (its hidden states). With
+        ``task_distillation`` the extra step follows (``augmented``: TinyBERT's augmented set, which the paper's
+        gold-label term cannot use: prediction-layer distillation only, a CPU-budget option of this project)."""
         from dataclasses import replace
 
         from distillery.models import num_layers
@@ -106,5 +109,6 @@ class PKDRecipe(Recipe):
         train, dev = ctx.data(False)
         grid, run = ctx.grid(ctx.sections.finetune)
         grid = replace(grid, cache_teacher_logits=False)
-        return prediction_grid(ctx.teacher, start, spec, run.with_(output_dir=ctx.out / "grid", train_dataset=train,
-                                                                   eval_dataset=dev), grid), None
+        pkd = prediction_grid(ctx.teacher, start, spec, run.with_(output_dir=ctx.out / "grid", train_dataset=train,
+                                                                  eval_dataset=dev), grid)
+        return self.extra_step(ctx, pkd), None

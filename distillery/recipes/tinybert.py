@@ -76,6 +76,10 @@ class TinyBertRecipe(Recipe):
         from distillery.layer_map import LayerMapError, build_layer_map, validate_layer_map
 
         super().check(teacher, key)
+        if self.task_distillation:
+            raise RecipeError(f"{key}.task_distillation: the tinybert recipe's step 2 is prediction-layer distillation "
+                              "already (on the augmented set); the extra step is for the recipes that fine-tune or "
+                              "distil without it (minilm, distilbert, mobilebert, pkd)")
         s = self.student_dims(teacher, key)
         try:
             lm = build_layer_map(self.layer_map, s.layers, teacher.layers)
