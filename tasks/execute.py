@@ -67,7 +67,7 @@ def execute(stage: Stage, params: Params, item: str | None = None, parent_run_id
         if result.get("curve") and Path(result["curve"]).is_file():
             with atomic_path(paths.curves(name)) as tmp:
                 shutil.copyfile(result["curve"], tmp)
-        tracking.log_result(result)
+        tracking.log_result(result, paths.untracked(name))
     _started_file(stage, item).unlink(missing_ok=True)
     seconds = time.perf_counter() - started
     say(f"{label(stage, item)}: " + (f"skipped: {result['skipped']}" if result.get("skipped") else

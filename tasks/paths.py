@@ -87,6 +87,11 @@ def curves(name: str) -> Path:
     return METRICS / "curves" / f"{name}.csv"
 
 
+def untracked(name: str) -> Path:
+    """What a stage logged (its flat metrics) when it ran with tracking off (`tasks.tracking`)."""
+    return METRICS / "untracked" / f"{name}.json"
+
+
 def registry(student: str, task: str) -> Path:
     return METRICS / "registry" / f"{student}-{task}.json"
 

@@ -100,21 +100,25 @@ def close_orphans(experiment_id: str) -> list[str]:
     return closed
 
 
-def log_result(result: dict[str, Any]) -> None:
+def log_result(result: dict[str, Any], untracked: Path | None = None) -> None:
     """Log what a stage returned: flat metrics, a metrics JSON file, a per-step CSV curve, artifacts; a skip reason as
-    the run's tag `skipped`."""
-    if not enabled():
-        return
-    import mlflow
-
-    if result.get("skipped"):
-        mlflow.set_tag("skipped", str(result["skipped"])[:5000])
-
+    the run's tag `skipped`. With tracking off, the flat metrics go to the JSON file `untracked` (when given) and
+    nothing else is logged."""
     metrics = dict(result.get("metrics") or {})
     if result.get("metrics_file") and Path(result["metrics_file"]).is_file():
         metrics.update(json.loads(Path(result["metrics_file"]).read_text()))
     finite = {k: float(v) for k, v in _flatten(metrics).items()
               if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    if not enabled():
+        if untracked is not None:
+            from distillery.io import write_text
+
+            write_text(untracked, json.dumps(finite, indent=1, sort_keys=True) + "\n")
+        return
+    import mlflow
+
+    if result.get("skipped"):
+        mlflow.set_tag("skipped", str(result["skipped"])[:5000])
     if finite:
         mlflow.log_metrics(finite)
     if result.get("curve") and Path(result["curve"]).is_file():

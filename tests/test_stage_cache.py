@@ -121,7 +121,7 @@ def test_execute_skips_a_fresh_stage_and_says_one_line(tmp_path, params, monkeyp
     from tasks import execute as execute_mod
 
     monkeypatch.setattr(execute_mod.tracking, "run", lambda *a, **k: __import__("contextlib").nullcontext())
-    monkeypatch.setattr(execute_mod.tracking, "log_result", lambda result: None)
+    monkeypatch.setattr(execute_mod.tracking, "log_result", lambda result, untracked=None: None)
     s, out, calls = _toy(tmp_path, monkeypatch)
     execute_mod.execute(s, params)
     assert execute_mod.execute(s, params)["cached"] is True

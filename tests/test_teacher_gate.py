@@ -38,7 +38,7 @@ def test_a_skipped_stage_succeeds_with_skip_records_and_one_line(tmp_path, param
     monkeypatch.setattr(stage_mod, "STAMPS", tmp_path / "stamps")
     monkeypatch.setattr(execute_mod, "STAMPS", tmp_path / "stamps")
     monkeypatch.setattr(execute_mod.tracking, "run", lambda *a, **k: contextlib.nullcontext())
-    monkeypatch.setattr(execute_mod.tracking, "log_result", lambda result: None)
+    monkeypatch.setattr(execute_mod.tracking, "log_result", lambda result, untracked=None: None)
     monkeypatch.setattr("mlflow.set_tag", lambda *a: None)
     monkeypatch.setattr(execute_mod.paths, "curves", lambda name: tmp_path / "curves" / f"{name}.csv")
     model, augmented = tmp_path / "students" / "s-t" / "model", tmp_path / "augmented" / "t.tsv"

@@ -25,3 +25,20 @@ def test_killed_runs_are_marked_failed_by_the_next_run(tmp_path, monkeypatch):
     assert client.get_run(alive.info.run_id).info.status == "RUNNING"  # its process still exists
     finished = mlflow.search_runs([exp], filter_string="attributes.run_name = 'next'", output_format="list")
     assert finished[0].info.status == "FINISHED"
+
+
+def test_untracked_stage_keeps_its_metrics_in_a_file(tmp_path, monkeypatch):
+    """With tracking off nothing reaches MLflow; the stage's flat, finite metrics (its metrics file's too) go to the
+    JSON file it is given."""
+    import json
+
+    from tasks import tracking
+
+    monkeypatch.setenv(tracking.SWITCH, "off")
+    extra = tmp_path / "m.json"
+    extra.write_text(json.dumps({"dev": {"f1": 0.5}}))
+    out = tmp_path / "untracked" / "stage-item.json"
+    tracking.log_result({"metrics": {"loss": 1.5, "nan": float("nan"), "flag": True, "name": "x", "steps": 3},
+                         "metrics_file": str(extra)}, out)
+    assert json.loads(out.read_text()) == {"loss": 1.5, "steps": 3.0, "dev.f1": 0.5}
+    tracking.log_result({"metrics": {"loss": 2.0}})  # no file asked for: nothing written, nothing raised
