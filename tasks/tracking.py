@@ -2,8 +2,9 @@
 
 The tracking URI defaults to `sqlite:///<project>/mlflow.db` (tasks.env); MLFLOW_TRACKING_URI overrides it.
 `DISTILLERY_TRACKING=off` runs stages untracked, for a machine with the library but not the `pipeline` extra (an
-offline GPU box: `benchmarks.gpu_bundle`): no MLflow run is opened and nothing is logged; the stages' files are the
-same, and the register stage, which needs the registry, refuses to run.
+offline GPU box: `benchmarks.gpu_bundle`): no MLflow run is opened and nothing is logged to MLflow; the stages' files
+are the same, each stage's flat metrics go to `metrics/untracked/` (`tasks.paths.untracked`), and the register stage,
+which needs the registry, refuses to run.
 Each run carries the host and process id that own it, so a run whose process was killed (it stays RUNNING
 forever otherwise) is marked FAILED when the next top-level run starts on that host. A top-level run is tagged
 with its provenance: the git commit and what `dvc.lock` records of its inputs (tasks.provenance).
