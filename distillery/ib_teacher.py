@@ -88,9 +88,21 @@ def ib_teacher_shape(student: StudentShape, init: str, shape: StudentShape | Non
     return converted_shape(student, teacher) if init == "convert" else scratch_shape(student, shape)
 
 
-def _identity_(linear: nn.Linear) -> None:
+#: Gain of a converted teacher's output bottleneck over the inter-block residual it adds (see `convert_bert`): that
+#: residual moves the layer's output by about 1 / GAIN of its norm.
+GAIN = 1000.0
+
+
+def _identity_(linear: nn.Linear, gain: float = 1.0) -> None:
     nn.init.eye_(linear.weight)
+    linear.weight.mul_(gain)
     nn.init.zeros_(linear.bias)
+
+
+def _unit_(norm: nn.Module) -> None:
+    """A LayerNorm without its affine (weight 1, bias 0): it only normalises."""
+    nn.init.ones_(norm.weight)
+    nn.init.zeros_(norm.bias)
 
 
 def _copy_(dst: nn.Module, src: nn.Module) -> None:
@@ -103,9 +115,17 @@ def convert_bert(bert: PreTrainedModel, student: StudentShape) -> PreTrainedMode
     Copied: every layer's attention (query, key, value, output, LayerNorm) and FFN (intermediate, output,
     LayerNorm) into the intra-block; the input bottleneck's LayerNorm takes the parameters of the LayerNorm that
     produced the BERT layer's input. Word embeddings when the embedding width is the BERT width; position and
-    token-type embeddings, the embedding LayerNorm and the MLM transform when the inter-block width is; with
-    trigram input of that width, the embedding transformation starts as the identity on the middle token. The
-    bottleneck linears start as the identity when square, else at random; the MLM output bias is always copied.
+    token-type embeddings and the MLM transform when the inter-block width is; with trigram input of that width,
+    the embedding transformation starts as the identity on the middle token. The MLM output bias is always copied.
+
+    When the inter-block width is the BERT width, the converted teacher computes what the BERT teacher computes (up
+    to about 1 / `GAIN` and the LayerNorm epsilons; tests/test_mobilebert.py): its inter-block maps are the BERT
+    layers' outputs normalised without their affine (the embedding LayerNorm, each intra-block's output LayerNorm
+    and each output bottleneck's LayerNorm only normalise), each input bottleneck (the identity, then the affine of
+    the BERT LayerNorm below) gives the BERT layer its input back exactly, the output bottleneck is `GAIN` times the
+    identity so that the residual MobileBERT adds around each block (BERT has none) is drowned, and the last
+    LayerNorm's affine is folded into the MLM transform. Otherwise the bottleneck linears start at random and the
+    LayerNorms keep their defaults.
     """
     from distillery.models import Dims
 
@@ -121,9 +141,11 @@ def convert_bert(bert: PreTrainedModel, student: StudentShape) -> PreTrainedMode
     with torch.no_grad():
         if cfg.embedding_size == d:
             i_emb.word_embeddings.weight.copy_(b_emb.word_embeddings.weight)
-        if cfg.hidden_size == d:
-            for name in ("position_embeddings", "token_type_embeddings", "LayerNorm"):
+        square = cfg.hidden_size == d
+        if square:
+            for name in ("position_embeddings", "token_type_embeddings"):
                 _copy_(getattr(i_emb, name), getattr(b_emb, name))
+            _unit_(i_emb.LayerNorm)
             if cfg.trigram_input and cfg.embedding_size == d:  # [next, current, previous] -> current
                 w = i_emb.embedding_transformation.weight
                 w.zero_()
@@ -139,13 +161,17 @@ def convert_bert(bert: PreTrainedModel, student: StudentShape) -> PreTrainedMode
             _copy_(i_layer.output.dense, b_layer.output.dense)
             _copy_(i_layer.output.LayerNorm, b_layer.output.LayerNorm)
             _copy_(i_layer.bottleneck.input.LayerNorm, below)
-            if cfg.hidden_size == d:
+            if square:
                 _identity_(i_layer.bottleneck.input.dense)
-                _identity_(i_layer.output.bottleneck.dense)
+                _unit_(i_layer.output.LayerNorm)
+                _identity_(i_layer.output.bottleneck.dense, GAIN)
+                _unit_(i_layer.output.bottleneck.LayerNorm)
             below = b_layer.output.LayerNorm
         b_head, i_head = bert.cls.predictions, ib.cls.predictions
-        if cfg.hidden_size == d:
-            _copy_(i_head.transform.dense, b_head.transform.dense)
+        if square:  # the transform reads gamma * z + beta in BERT, z here
+            dense = b_head.transform.dense
+            i_head.transform.dense.weight.copy_(dense.weight * below.weight)
+            i_head.transform.dense.bias.copy_(dense.bias + dense.weight @ below.bias)
             _copy_(i_head.transform.LayerNorm, b_head.transform.LayerNorm)
         i_head.bias.copy_(b_head.bias)
     ib.tie_weights()

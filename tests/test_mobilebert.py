@@ -113,11 +113,32 @@ def test_converted_teacher_has_the_students_inter_block_width(bert_teacher, ib_t
     torch.testing.assert_close(i.output.dense.weight, b.output.dense.weight)
     torch.testing.assert_close(ib_teacher.mobilebert.embeddings.word_embeddings.weight,
                                bert_teacher.bert.embeddings.word_embeddings.weight)
-    # trigram input of the BERT width: the embedding transformation starts as the identity on the middle token
-    # (up to the LayerNorm epsilon: transformers' MobileBERT embedding uses 1e-5, BERT 1e-12)
-    emb_b = bert_teacher.bert.embeddings(input_ids=_batch()["input_ids"])
-    emb_i = ib_teacher.mobilebert.embeddings(input_ids=_batch()["input_ids"])
-    torch.testing.assert_close(emb_i, emb_b, rtol=0.02, atol=0.02)
+
+
+def test_converted_teacher_computes_what_the_bert_teacher_computes():
+    """Inter-block width = the BERT width: the same MLM logits (to ~1 / GAIN), and inter-block maps that are the
+    BERT hidden states normalised without their LayerNorm's affine. LayerNorm affines made non-trivial, as a trained
+    teacher's are (the defaults, weight 1 and bias 0, would hide a misplaced affine)."""
+    from distillery.ib_teacher import GAIN
+
+    torch.manual_seed(0)
+    bert = tr.BertForMaskedLM(tr.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3,
+                                            num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
+                                            **NO_DROPOUT)).eval()
+    with torch.no_grad():
+        for m in bert.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.normal_(0.0, 0.2)
+    ib = convert_bert(bert, STUDENT).eval()
+    batch = _batch()
+    with torch.no_grad():
+        b = bert(**batch, output_hidden_states=True)
+        i = ib(**batch, output_hidden_states=True)
+    assert GAIN >= 1000
+    assert (i.logits - b.logits).abs().max() < 2e-3 < 0.05 * b.logits.std()
+    norm = bert.bert.encoder.layer[0].output.LayerNorm  # layer 1's output = gamma * z + beta
+    torch.testing.assert_close(i.hidden_states[1], (b.hidden_states[1] - norm.bias) / norm.weight, rtol=0, atol=2e-3)
 
 
 def test_converted_teacher_with_a_narrower_inter_block():
