@@ -15,10 +15,10 @@ Two ways to get one:
   official code.
 * :func:`convert_bert`: an existing BERT teacher with bottleneck projections inserted around each of its layers:
   the BERT layer becomes the intra-block (its attention, with query/key/value reading the bottleneck output,
-  i.e. ``use_bottleneck_attention``, and its FFN, weights copied), the input/output bottleneck linears are new
-  (the identity when both widths agree), embeddings and MLM head are copied where the widths allow; then MLM
-  training continues until it is back near the original's MLM loss (measure both with
-  ``distillery.training.mlm.masked_lm_loss``).
+  i.e. ``use_bottleneck_attention``, and its FFN, weights copied), the input/output bottleneck linears are new,
+  embeddings and MLM head are copied where the widths allow. When the inter-block width is the BERT width the
+  result computes what the BERT teacher computes (see :func:`convert_bert`); otherwise MLM training continues until
+  it is back near the original's MLM loss (measure both with ``distillery.training.mlm.masked_lm_loss``).
 """
 
 from __future__ import annotations
