@@ -110,7 +110,8 @@ def _copy_(dst: nn.Module, src: nn.Module) -> None:
 
 
 def convert_bert(bert: PreTrainedModel, student: StudentShape) -> PreTrainedModel:
-    """A ``MobileBertForMaskedLM`` IB teacher from a ``BertForMaskedLM`` (see the module docstring).
+    """A ``MobileBertForMaskedLM`` IB teacher from a ``BertForMaskedLM`` (see the module docstring; from a BERT with
+    another head or none, the MLM head is not copied).
 
     Copied: every layer's attention (query, key, value, output, LayerNorm) and FFN (intermediate, output,
     LayerNorm) into the intra-block; the input bottleneck's LayerNorm takes the parameters of the LayerNorm that
@@ -137,7 +138,7 @@ def convert_bert(bert: PreTrainedModel, student: StudentShape) -> PreTrainedMode
                                   "initializer_range": bc.initializer_range})
     ib = build_student(shape, bc.vocab_size, head="mlm", base=bc)
     cfg, d = ib.config, bc.hidden_size
-    b_emb, i_emb = bert.bert.embeddings, ib.mobilebert.embeddings
+    b_emb, i_emb = bert.base_model.embeddings, ib.mobilebert.embeddings
     with torch.no_grad():
         if cfg.embedding_size == d:
             i_emb.word_embeddings.weight.copy_(b_emb.word_embeddings.weight)
@@ -152,7 +153,7 @@ def convert_bert(bert: PreTrainedModel, student: StudentShape) -> PreTrainedMode
                 w[:, d:2 * d] = torch.eye(d)
                 i_emb.embedding_transformation.bias.zero_()
         below = b_emb.LayerNorm
-        for b_layer, i_layer in zip(bert.bert.encoder.layer, ib.mobilebert.encoder.layer):
+        for b_layer, i_layer in zip(bert.base_model.encoder.layer, ib.mobilebert.encoder.layer):
             for name in ("query", "key", "value"):
                 _copy_(getattr(i_layer.attention.self, name), getattr(b_layer.attention.self, name))
             _copy_(i_layer.attention.output.dense, b_layer.attention.output.dense)
@@ -167,12 +168,14 @@ def convert_bert(bert: PreTrainedModel, student: StudentShape) -> PreTrainedMode
                 _identity_(i_layer.output.bottleneck.dense, GAIN)
                 _unit_(i_layer.output.bottleneck.LayerNorm)
             below = b_layer.output.LayerNorm
-        b_head, i_head = bert.cls.predictions, ib.cls.predictions
-        if square:  # the transform reads gamma * z + beta in BERT, z here
+        i_head = ib.cls.predictions
+        b_head = bert.cls.predictions if hasattr(bert, "cls") else None  # a task model: the MLM head stays as built
+        if square and b_head is not None:  # the transform reads gamma * z + beta in BERT, z here
             dense = b_head.transform.dense
             i_head.transform.dense.weight.copy_(dense.weight * below.weight)
             i_head.transform.dense.bias.copy_(dense.bias + dense.weight @ below.bias)
             _copy_(i_head.transform.LayerNorm, b_head.transform.LayerNorm)
-        i_head.bias.copy_(b_head.bias)
+        if b_head is not None:
+            i_head.bias.copy_(b_head.bias)
     ib.tie_weights()
     return ib.train(bert.training)

@@ -25,7 +25,8 @@ from distillery.recipes import student_stage_folders
 from distillery.task_kinds import task_kind
 
 TRAINING_CODE = ("distillery/training", "distillery/objectives", "distillery/capture.py", "distillery/layer_map.py",
-                 "distillery/models.py", "distillery/recipes", "distillery/ib_teacher.py", "distillery/corpus.py",
+                 "distillery/models.py", "distillery/recipes", "distillery/ib_teacher.py", "distillery/pruning.py",
+                 "distillery/ib_pruning.py", "distillery/corpus.py",
                  "distillery/config.py", "distillery/task_kinds.py", "distillery/squad", "tasks/distill.py")
 
 #: Every student-level stage the recipes declare -> the folder of `models/` it writes.

@@ -45,7 +45,7 @@ class RecipeError(UserError, ValueError):
 class Shape(Section):
     """A student or teacher shape: a preset name, or explicit numbers (``arch``: bert | distilbert | mobilebert),
     or a preset with some numbers overridden. MobileBERT shapes: ``hidden`` is the inter-block width, ``intra``
-    the intra-block (bottleneck) width, ``embedding`` the embedding-table width."""
+    the intra-block (bottleneck) width, ``embedding`` the embedding-table width, ``ffns`` the stacked FFNs per block."""
 
     preset: str | None = None
     layers: int | None = Field(None, ge=1)
@@ -55,9 +55,11 @@ class Shape(Section):
     arch: Literal["bert", "distilbert", "mobilebert"] | None = None
     intra: int | None = Field(None, ge=1)
     embedding: int | None = Field(None, ge=1)
+    ffns: int | None = Field(None, ge=1)
 
     #: MobileBertConfig field of each MobileBERT-only key.
-    MOBILEBERT_KEYS: ClassVar[dict[str, str]] = {"intra": "intra_bottleneck_size", "embedding": "embedding_size"}
+    MOBILEBERT_KEYS: ClassVar[dict[str, str]] = {"intra": "intra_bottleneck_size", "embedding": "embedding_size",
+                                                  "ffns": "num_feedforward_networks"}
 
     @model_validator(mode="after")
     def _preset_or_numbers(self) -> "Shape":
@@ -488,16 +490,7 @@ class Recipe(Section):
                     f"(hidden {teacher.hidden}, heads {teacher.heads}, intermediate {teacher.intermediate}); the shape "
                     f"gives {s.arch} {s.hidden}/{s.heads}/{s.intermediate}")
         if self.init.kind == "pruned":
-            if s.arch != "bert" or teacher.arch != "bert":
-                raise RecipeError(f"{key}.init: pruned needs a bert teacher and a bert student, got {teacher.arch} and "
-                                  f"{s.arch}")
-            if s.hidden * teacher.heads != s.heads * teacher.hidden or s.hidden > teacher.hidden or \
-                    s.heads > teacher.heads or s.intermediate > teacher.intermediate:
-                raise RecipeError(
-                    f"{key}.shape: pruned cuts the teacher's widths down and keeps its head size "
-                    f"{teacher.hidden // teacher.heads}: hidden <= {teacher.hidden}, heads <= {teacher.heads} with "
-                    f"hidden / heads = {teacher.hidden // teacher.heads}, intermediate <= {teacher.intermediate}; the "
-                    f"shape gives {s.hidden}/{s.heads}/{s.intermediate}")
+            self._check_pruned(teacher, s, key)
         if self.init.kind in LAYER_INITS and (layers := self.init.teacher_layers) != "auto":
             if len(layers) != s.layers:
                 raise RecipeError(f"{key}.init.teacher_layers: {len(layers)} layers for a {s.layers}-layer student")
@@ -507,6 +500,19 @@ class Recipe(Section):
         if not self.runs_general and self.init.kind == "random" and not self.task_distills:
             raise RecipeError(f"{key}.general_distillation: a randomly initialised {self.recipe} student needs general "
                               "distillation (or init from teacher_layers / a checkpoint)")
+
+    def _check_pruned(self, teacher: Dims, s: Dims, key: str) -> None:
+        """``init: pruned``: a student shape `distillery.pruning` can cut from the teacher."""
+        if s.arch != "bert" or teacher.arch != "bert":
+            raise RecipeError(f"{key}.init: pruned needs a bert teacher and a bert student, got {teacher.arch} and "
+                              f"{s.arch}")
+        if s.hidden * teacher.heads != s.heads * teacher.hidden or s.hidden > teacher.hidden or \
+                s.heads > teacher.heads or s.intermediate > teacher.intermediate:
+            raise RecipeError(
+                f"{key}.shape: pruned cuts the teacher's widths down and keeps its head size "
+                f"{teacher.hidden // teacher.heads}: hidden <= {teacher.hidden}, heads <= {teacher.heads} with "
+                f"hidden / heads = {teacher.hidden // teacher.heads}, intermediate <= {teacher.intermediate}; the "
+                f"shape gives {s.hidden}/{s.heads}/{s.intermediate}")
 
     def _check_attention(self, teacher: Dims, key: str) -> None:
         """An objective that reads attention (scores, distributions, queries, keys, values) needs a teacher whose
@@ -636,12 +642,19 @@ def corpus_dataset(ctx: StageContext, tokenizer, max_length: int | None = None):
     return tokenize_texts(texts, tokenizer, length), len(texts)
 
 
-def _pruned_student(init: PrunedInit, teacher, tokenizer, shape, data, head: str):
-    """The teacher pruned to `shape` (`distillery.pruning`), importance measured on the first `init.samples` rows of
-    `data` (the model inputs of a training set)."""
+def sample_batches(data, tokenizer, samples: int):
+    """Padded batches of model inputs from the first `samples` rows of `data` (pruning's importance sample)."""
     from torch.utils.data import DataLoader
     from transformers import DataCollatorWithPadding
 
+    keep = [c for c in ("input_ids", "attention_mask", "token_type_ids") if c in data.column_names]
+    sample = data.select(range(min(samples, len(data)))).select_columns(keep)
+    return DataLoader(sample, batch_size=32, collate_fn=DataCollatorWithPadding(tokenizer))
+
+
+def _pruned_student(init: PrunedInit, teacher, tokenizer, shape, data, head: str):
+    """The teacher pruned to `shape` (`distillery.pruning`), importance measured on the first `init.samples` rows of
+    `data` (the model inputs of a training set)."""
     from distillery.models import num_layers
     from distillery.pruning import measure_importance, prune_teacher
 
@@ -649,10 +662,7 @@ def _pruned_student(init: PrunedInit, teacher, tokenizer, shape, data, head: str
         raise RecipeError("init pruned measures importance on real inputs, and this stage gave none")
     layers = init.teacher_layers
     layers = official_teacher_layers(num_layers(teacher), shape.layers) if layers == "auto" else list(layers)
-    keep = [c for c in ("input_ids", "attention_mask", "token_type_ids") if c in data.column_names]
-    sample = data.select(range(min(init.samples, len(data)))).select_columns(keep)
-    loader = DataLoader(sample, batch_size=32, collate_fn=DataCollatorWithPadding(tokenizer))
-    importance = measure_importance(teacher, loader, layers)
+    importance = measure_importance(teacher, sample_batches(data, tokenizer, init.samples), layers)
     return prune_teacher(teacher, layers, hidden=shape.hidden, heads=shape.heads, intermediate=shape.intermediate,
                          importance=importance, head=head)
 

@@ -21,7 +21,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from distillery.models import Dims
-from distillery.recipes.base import Recipe, RecipeError, Section, Shape, StageContext, StudentStage, corpus_dataset
+from distillery.recipes.base import (Recipe, RecipeError, Section, Shape, StageContext, StudentStage, corpus_dataset,
+                                     sample_batches)
 from distillery.recipes.registry import register_recipe
 
 #: Corpus sequences on which the teachers' MLM losses are compared (same masks for every model).
@@ -97,7 +98,7 @@ class MobileBertRecipe(Recipe):
         if s.arch != "mobilebert":
             raise RecipeError(f"{key}.shape: the mobilebert recipe needs a mobilebert shape (a bottleneck student), "
                               f"got {s.arch}")
-        if self.runs_general and self.init.kind == "random":
+        if self.runs_general and self.init.kind in ("random", "pruned"):
             from distillery.ib_teacher import IBShapeError, ib_teacher_shape
 
             try:
@@ -109,6 +110,62 @@ class MobileBertRecipe(Recipe):
                 raise RecipeError(
                     f"{key}.shape: layer-wise transfer needs the IB teacher's depth, feature-map width and heads "
                     f"({ib.layers}/{ib.hidden}/{ib.heads}); the student has {s.layers}/{s.hidden}/{s.heads}")
+
+    def _check_pruned(self, teacher: Dims, s: Dims, key: str) -> None:
+        """``init: pruned`` cuts the student from the converted teacher (`distillery.ib_pruning`): every teacher layer,
+        the teacher's width between blocks, a narrower inside of the converted teacher's layout."""
+        extra = dict(self.shape.resolve().extra)
+        wants = {"the teacher's BERT architecture": teacher.arch == "bert",
+                 "ib_teacher.init convert": self.ib_teacher.init == "convert",
+                 "general_distillation: true": self.runs_general,
+                 f"init.teacher_layers auto (all {teacher.layers})":
+                     self.init.teacher_layers in ("auto", list(range(teacher.layers))),
+                 f"layers {teacher.layers}, hidden {teacher.hidden}, heads {teacher.heads}":
+                     (s.layers, s.hidden, s.heads) == (teacher.layers, teacher.hidden, teacher.heads),
+                 f"intra <= {teacher.hidden}, a multiple of the heads; intermediate <= {teacher.intermediate}":
+                     extra.get("intra_bottleneck_size", 0) <= teacher.hidden
+                     and extra.get("intra_bottleneck_size", 0) % teacher.heads == 0
+                     and s.intermediate <= teacher.intermediate,
+                 "ffns 1, layer_norm, use_bottleneck_attention": extra.get("num_feedforward_networks") == 1
+                     and extra.get("normalization_type") == "layer_norm" and extra.get("use_bottleneck_attention")
+                     and not extra.get("key_query_shared_bottleneck")}
+        missing = [what for what, ok in wants.items() if not ok]
+        if missing:
+            raise RecipeError(f"{key}.init: pruned cuts a MobileBERT student from the converted teacher and needs: "
+                              + "; ".join(missing))
+
+    def start_student(self, teacher, tokenizer, *, head: str = "base", data=None, **head_kwargs: Any):
+        """``pruned``: the student cut from the teacher converted to an IB teacher (`distillery.ib_teacher`,
+        `distillery.ib_pruning`), importance measured on the first ``init.samples`` rows of ``data``; otherwise as
+        every recipe (random weights for the transfer)."""
+        if self.init.kind != "pruned":
+            return super().start_student(teacher, tokenizer, head=head, data=data, **head_kwargs)
+        from distillery.ib_pruning import measure_block_importance, prune_ib_teacher
+        from distillery.ib_teacher import convert_bert
+        from distillery.models import build_student
+
+        if data is None:
+            raise RecipeError("init pruned measures importance on real inputs, and this stage gave none")
+        shape = self.shape.resolve()
+        ib = convert_bert(teacher, shape)
+        importance = measure_block_importance(ib, sample_batches(data, tokenizer, self.init.samples))
+        student = build_student(shape, len(tokenizer), head=head, base=ib.config,
+                                num_labels=head_kwargs.get("num_labels", 2))
+        for k, v in head_kwargs.items():
+            setattr(student.config, k, v)
+        return prune_ib_teacher(ib, student, importance)
+
+    def _transfer_start(self, ctx: StageContext, teacher, tokenizer, train):
+        """The student the transfer (or eq. 4) starts from: cut from the pre-trained teacher (``pruned``, ranked on the
+        corpus), else random layers with the IB teacher's embedding and MLM head."""
+        from distillery.training.progressive_transfer import student_from_teacher
+
+        if self.init.kind == "pruned":
+            from transformers import AutoModelForMaskedLM
+
+            return self.start_student(AutoModelForMaskedLM.from_pretrained(ctx.teacher), tokenizer,
+                                      head=self._student_head(), data=train)
+        return student_from_teacher(self.shape.resolve(), teacher, head=self._student_head())
 
     # ---------------------------------------------------------------- stages
 
@@ -172,12 +229,12 @@ class MobileBertRecipe(Recipe):
     def transfer_stage(self, ctx: StageContext) -> dict[str, Any]:
         """Progressive or joint layer-wise transfer (feature maps + attention) from the IB teacher."""
         from distillery.models import num_layers
-        from distillery.training.progressive_transfer import joint_transfer, progressive_transfer, student_from_teacher
+        from distillery.training.progressive_transfer import joint_transfer, progressive_transfer
         from distillery.training.spec import TrainRun
 
         teacher, tokenizer = self._ib_teacher(ctx)
-        model = student_from_teacher(self.shape.resolve(), teacher, head=self._student_head())
         train, n = corpus_dataset(ctx, tokenizer)
+        model = self._transfer_start(ctx, teacher, tokenizer, train)
         spec = self.layer_wise_spec(num_layers(model), num_layers(teacher))
         run = TrainRun(ctx.out, train, tokenizer=tokenizer, args=ctx.args)
         if self.transfer == "progressive":
@@ -194,7 +251,6 @@ class MobileBertRecipe(Recipe):
         from distillery.models import load_model, num_layers
         from distillery.objectives import ObjectiveWeights
         from distillery.training.pretraining_distillation import nsp_dataset, pretraining_distillation
-        from distillery.training.progressive_transfer import student_from_teacher
         from distillery.training.spec import DistillSpec, TrainRun
 
         gd = ctx.schedule
@@ -202,7 +258,7 @@ class MobileBertRecipe(Recipe):
         if self.runs_transfer:
             model = load_model(ctx.inputs["knowledge_transfer"], head=self._student_head())
         else:
-            model = student_from_teacher(self.shape.resolve(), teacher, head=self._student_head())
+            model = self._transfer_start(ctx, teacher, tokenizer, corpus_dataset(ctx, tokenizer)[0])
         if self.next_sentence_prediction:
             pairs = corpus.sentence_pairs(corpus.read_sentences(ctx.corpus), tokenizer, gd.max_length, seed=ctx.seed)
             train, n = nsp_dataset(pairs, tokenizer, gd.max_length), len(pairs)
