@@ -142,8 +142,8 @@ def prune_ib_teacher(ib, student, importance: BlockImportance):
     prefix = student.base_model_prefix + "."
     out = {}
     for key, value in student.state_dict().items():
-        if not key.startswith(prefix):  # a head: the teacher's where it has the same one, else as initialised
-            same = key in whole and whole[key].shape == value.shape
+        if not key.startswith(prefix) or key.removeprefix(prefix) not in source:
+            same = key in whole and whole[key].shape == value.shape  # a head (or pooler): the teacher's if it has one
             out[key] = whole[key].clone() if same else value
             continue
         w = source[key.removeprefix(prefix)]

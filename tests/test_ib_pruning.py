@@ -145,3 +145,35 @@ def test_recipe_checks_a_pruned_mobilebert_student():
                 teacher, "students.mb")
     with pytest.raises(RecipeError, match="general_distillation: true"):
         MobileBertRecipe(shape=good, init="pruned").check(teacher, "students.mb")
+
+
+def test_recipe_starts_the_transfer_and_the_direct_baseline_from_the_same_cut(bert, tmp_path):
+    """The transfer stage cuts the MLM teacher (its directory); the direct baseline cuts the pre-trained teacher
+    loaded with the task's head (no MLM head): on the same sample, the same encoder weights."""
+    import datasets
+
+    from distillery.recipes.base import StageContext
+
+    bert.save_pretrained(tmp_path / "mlm")
+    recipe = MobileBertRecipe(shape={"preset": "mobilebert-tiny-no-opt", "layers": 3, "hidden": 32, "heads": 2,
+                                     "intermediate": 24, "intra": 16, "embedding": 32, "ffns": 1},
+                              init={"pruned": {"samples": 8}}, general_distillation=True)
+    recipe.check(Dims(3, 32, 2, 64, VOCAB, "bert"), "students.mb")
+    rows = [{"input_ids": b["input_ids"][i].tolist(), "attention_mask": b["attention_mask"][i].tolist()}
+            for b in _batches(2) for i in range(4)]
+    data = datasets.Dataset.from_list(rows)
+    tok = tr.BertTokenizerFast(vocab={t: i for i, t in enumerate(
+        ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(VOCAB - 5)])})
+    ctx = StageContext(student="mb", teacher=str(tmp_path / "mlm"), corpus=tmp_path / "c.txt", out=tmp_path / "out",
+                       schedule=None, args={}, seed=0)
+    transfer = recipe._transfer_start(ctx, None, tok, data)
+    assert type(transfer).__name__ == "MobileBertForPreTraining"
+    task_teacher = tr.BertForSequenceClassification.from_pretrained(tmp_path / "mlm", num_labels=3)
+    direct = recipe.start_student(task_teacher, tok, head="sequence-classification", data=data, num_labels=3)
+    assert direct.config.num_labels == 3
+    a, b = transfer.mobilebert.state_dict(), direct.mobilebert.state_dict()
+    for key in a:
+        if "pooler" not in key:
+            torch.testing.assert_close(a[key], b[key], msg=key)
+    torch.testing.assert_close(transfer.cls.predictions.transform.dense.weight,
+                               convert_bert(bert, recipe.shape.resolve()).cls.predictions.transform.dense.weight)
