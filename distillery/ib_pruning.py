@@ -24,12 +24,12 @@ normalisation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import torch
 from torch import Tensor
 
-from distillery.pruning import PruningError, _top
+from distillery.pruning import PruningError, _top, run_sample
 
 __all__ = ["BlockImportance", "measure_block_importance", "prune_ib_teacher"]
 
@@ -72,40 +72,25 @@ def measure_block_importance(ib, batches: Iterable[Mapping[str, Tensor]]) -> Blo
     channels = zeros(d)
     q, k, v = ({i: zeros(h, dh) for i in range(n_layers)} for _ in range(3))
     neurons = {i: zeros(cfg.intermediate_size) for i in range(n_layers)}
-    state: dict[str, Any] = {"tokens": 0.0}
 
-    def real(x: Tensor) -> Tensor:  # (B, T, D) -> (N, D) rows of real tokens
-        return x.reshape(-1, x.shape[-1])[state["mask"].reshape(-1)].double()
+    def attach(real: Callable[[Tensor], Tensor]) -> list:
+        def add(target: Tensor, per_head: bool = False):
+            def hook(_m, args, out=None):
+                x = real(out if out is not None else args[0]).abs().sum(0)
+                target.add_(x.reshape(h, dh) if per_head else x)
+            return hook
 
-    def add(target: Tensor, per_head: bool = False):
-        def hook(_m, args, out=None):
-            x = real(out if out is not None else args[0]).abs().sum(0)
-            target.add_(x.reshape(h, dh) if per_head else x)
-        return hook
+        hooks = []
+        for i, layer in enumerate(base.encoder.layer):
+            for norm in (layer.bottleneck.input.LayerNorm, layer.attention.output.LayerNorm, layer.output.LayerNorm):
+                hooks.append(norm.register_forward_hook(add(channels)))
+            hooks.append(layer.attention.self.query.register_forward_hook(add(q[i], True)))
+            hooks.append(layer.attention.self.key.register_forward_hook(add(k[i], True)))
+            hooks.append(layer.attention.output.dense.register_forward_pre_hook(add(v[i], True)))
+            hooks.append(layer.intermediate.register_forward_hook(add(neurons[i])))
+        return hooks
 
-    hooks = []
-    for i, layer in enumerate(base.encoder.layer):
-        for norm in (layer.bottleneck.input.LayerNorm, layer.attention.output.LayerNorm, layer.output.LayerNorm):
-            hooks.append(norm.register_forward_hook(add(channels)))
-        hooks.append(layer.attention.self.query.register_forward_hook(add(q[i], True)))
-        hooks.append(layer.attention.self.key.register_forward_hook(add(k[i], True)))
-        hooks.append(layer.attention.output.dense.register_forward_pre_hook(add(v[i], True)))
-        hooks.append(layer.intermediate.register_forward_hook(add(neurons[i])))
-    was_training = ib.training
-    ib.eval()
-    try:
-        for batch in batches:
-            mask = batch.get("attention_mask")
-            state["mask"] = (torch.ones_like(batch["input_ids"]) if mask is None else mask).bool()
-            state["tokens"] += float(state["mask"].sum())
-            base(**{key: val for key, val in batch.items() if key in ("input_ids", "attention_mask", "token_type_ids")})
-    finally:
-        for hook in hooks:
-            hook.remove()
-        ib.train(was_training)
-    n = state["tokens"]
-    if n == 0:
-        raise PruningError("cutting a MobileBERT student: no input tokens to measure importance on")
+    n = run_sample(ib, base, batches, attach, what="cutting a MobileBERT student")
     return BlockImportance(channels / (3 * n_layers * n), {i: q[i] * k[i] / n**2 for i in q},
                            {i: v[i] / n for i in v}, {i: neurons[i] / n for i in neurons})
 
@@ -138,16 +123,14 @@ def prune_ib_teacher(ib, student, importance: BlockImportance):
     v = {i: _per_head(s, d_s // h) for i, s in importance.v.items()}
     neurons = {i: _top(s, sc.intermediate_size) for i, s in importance.neurons.items()}
     scale = ((d_s // h) / (d_t // h)) ** 0.5
-    source, whole = ib.base_model.state_dict(), ib.state_dict()
+    source = ib.state_dict()
     prefix = student.base_model_prefix + "."
     out = {}
     for key, value in student.state_dict().items():
-        if not key.startswith(prefix) or key.removeprefix(prefix) not in source:
-            same = key in whole and whole[key].shape == value.shape  # a head (or pooler): the teacher's if it has one
-            out[key] = whole[key].clone() if same else value
+        if key not in source or not key.startswith(prefix):  # a head (or pooler): the teacher's if it has the same
+            out[key] = source[key].clone() if key in source and source[key].shape == value.shape else value
             continue
-        w = source[key.removeprefix(prefix)]
-        cut = _cut(key.removeprefix(prefix), w, ch, qk, v, neurons, scale)
+        cut = _cut(key.removeprefix(prefix), source[key], ch, qk, v, neurons, scale)
         if cut.shape != value.shape:
             raise PruningError(f"cutting a MobileBERT student: {key} is {tuple(cut.shape)} after the cut, the student "
                                f"needs {tuple(value.shape)}")

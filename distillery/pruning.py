@@ -26,14 +26,14 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
 from distillery.errors import UserError
 
-__all__ = ["Importance", "PruningError", "measure_importance", "prune_teacher"]
+__all__ = ["Importance", "PruningError", "measure_importance", "prune_teacher", "run_sample"]
 
 
 class PruningError(UserError, ValueError):
@@ -66,51 +66,58 @@ def measure_importance(teacher, batches: Iterable[Mapping[str, Tensor]], layers:
     heads = {i: torch.zeros(h, dtype=torch.float64) for i in layers}
     neurons = {i: torch.zeros(cfg.intermediate_size, dtype=torch.float64) for i in layers}
     channels = torch.zeros(cfg.hidden_size, dtype=torch.float64)
-    state: dict[str, Any] = {"tokens": 0.0, "norms": 0}
-    hooks = []
 
-    def real(x: Tensor) -> Tensor:  # (B, T, D) -> (N, D) rows of real tokens
-        mask = state["mask"]
-        return x.reshape(-1, x.shape[-1])[mask.reshape(-1)].double()
+    def attach(real: Callable[[Tensor], Tensor]) -> list:
+        def on_channels(_m, _inp, out):
+            channels.add_(real(out).abs().sum(0))
 
-    def on_channels(_m, _inp, out):
-        channels.add_(real(out).abs().sum(0))
-        state["norms"] += 1
+        norms = [base.embeddings.LayerNorm]
+        hooks = []
+        for i, layer in enumerate(base.encoder.layer):
+            norms += [layer.attention.output.LayerNorm, layer.output.LayerNorm]
+            if i in heads:
+                def on_context(_m, inp, i=i):
+                    heads[i].add_(real(inp[0]).reshape(-1, h, dh).norm(dim=-1).sum(0))
 
-    hooks.append(base.embeddings.LayerNorm.register_forward_hook(on_channels))
-    for i, layer in enumerate(base.encoder.layer):
-        hooks.append(layer.attention.output.LayerNorm.register_forward_hook(on_channels))
-        hooks.append(layer.output.LayerNorm.register_forward_hook(on_channels))
-        if i in heads:
-            def on_context(_m, inp, i=i):
-                ctx = real(inp[0])
-                heads[i].add_(ctx.reshape(-1, h, dh).norm(dim=-1).sum(0))
+                def on_neurons(_m, _inp, out, i=i):
+                    neurons[i].add_(real(out).abs().sum(0))
 
-            def on_neurons(_m, _inp, out, i=i):
-                neurons[i].add_(real(out).abs().sum(0))
+                hooks.append(layer.attention.output.dense.register_forward_pre_hook(on_context))
+                hooks.append(layer.intermediate.register_forward_hook(on_neurons))
+        return hooks + [norm.register_forward_hook(on_channels) for norm in norms]
 
-            hooks.append(layer.attention.output.dense.register_forward_pre_hook(on_context))
-            hooks.append(layer.intermediate.register_forward_hook(on_neurons))
-    was_training = teacher.training
-    teacher.eval()
+    n = run_sample(teacher, base, batches, attach, what="structured pruning")
+    norms = 1 + 2 * len(base.encoder.layer)  # the LayerNorms every forward passes: embedding + two per layer
+    return Importance({i: v / n for i, v in heads.items()}, {i: v / n for i, v in neurons.items()},
+                      channels / (n * norms))
+
+
+def run_sample(model, base, batches: Iterable[Mapping[str, Tensor]],
+               attach: Callable[[Callable[[Tensor], Tensor]], list], *, what: str) -> float:
+    """Runs `base` (the encoder of `model`) in eval mode over `batches` with the forward hooks `attach(real)` returns
+    (``real(x)``: the rows of real tokens of the current batch, (B, T, D) -> (N, D) in float64), removes them and
+    restores the training mode; the number of real tokens seen (none is an error naming `what`)."""
+    state: dict[str, Any] = {"tokens": 0.0}
+
+    def real(x: Tensor) -> Tensor:
+        return x.reshape(-1, x.shape[-1])[state["mask"].reshape(-1)].double()
+
+    hooks = attach(real)
+    was_training = model.training
+    model.eval()
     try:
         for batch in batches:
             mask = batch.get("attention_mask")
-            if mask is None:
-                mask = torch.ones_like(batch["input_ids"])
-            state["mask"] = mask.bool()
-            state["tokens"] += float(mask.sum())
-            state["norms"] = 0
+            state["mask"] = (torch.ones_like(batch["input_ids"]) if mask is None else mask).bool()
+            state["tokens"] += float(state["mask"].sum())
             base(**{k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")})
     finally:
         for hook in hooks:
             hook.remove()
-        teacher.train(was_training)
+        model.train(was_training)
     if state["tokens"] == 0:
-        raise PruningError("structured pruning: no input tokens to measure importance on")
-    n = state["tokens"]
-    return Importance({i: v / n for i, v in heads.items()}, {i: v / n for i, v in neurons.items()},
-                      channels / (n * max(state["norms"], 1)))
+        raise PruningError(f"{what}: no input tokens to measure importance on")
+    return state["tokens"]
 
 
 def _top(scores: Tensor, k: int) -> Tensor:

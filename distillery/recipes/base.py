@@ -580,7 +580,10 @@ class Recipe(Section):
         if self.init.kind == "checkpoint":
             return load_checkpoint_student(self.init.checkpoint, tokenizer, head=head, **head_kwargs)
         if self.init.kind == "pruned":
-            student = _pruned_student(self.init, teacher, tokenizer, shape, data, head)
+            if data is None:
+                raise RecipeError("init pruned measures importance on real inputs, and this stage gave none")
+            student = self.pruned_student(teacher, sample_batches(data, tokenizer, self.init.samples), head=head,
+                                          num_labels=head_kwargs.get("num_labels", 2))
         elif self.init.kind == "teacher_layers":
             layers = self.init.teacher_layers
             layers = official_teacher_layers(num_layers(teacher), shape.layers) if layers == "auto" else list(layers)
@@ -592,6 +595,19 @@ class Recipe(Section):
         for k, v in head_kwargs.items():
             setattr(student.config, k, v)
         return student
+
+    def pruned_student(self, teacher, batches, *, head: str, num_labels: int):
+        """``init: pruned``: the teacher pruned to ``shape`` (`distillery.pruning`), importance measured on `batches`
+        (the first ``init.samples`` rows of the stage's inputs)."""
+        from distillery.models import num_layers
+        from distillery.pruning import measure_importance, prune_teacher
+
+        shape = self.shape.resolve()
+        layers = self.init.teacher_layers
+        layers = official_teacher_layers(num_layers(teacher), shape.layers) if layers == "auto" else list(layers)
+        importance = measure_importance(teacher, batches, layers)
+        return prune_teacher(teacher, layers, hidden=shape.hidden, heads=shape.heads, intermediate=shape.intermediate,
+                             importance=importance, head=head)
 
     # ---------------------------------------------------------------- the task stage
 
@@ -650,21 +666,6 @@ def sample_batches(data, tokenizer, samples: int):
     keep = [c for c in ("input_ids", "attention_mask", "token_type_ids") if c in data.column_names]
     sample = data.select(range(min(samples, len(data)))).select_columns(keep)
     return DataLoader(sample, batch_size=32, collate_fn=DataCollatorWithPadding(tokenizer))
-
-
-def _pruned_student(init: PrunedInit, teacher, tokenizer, shape, data, head: str):
-    """The teacher pruned to `shape` (`distillery.pruning`), importance measured on the first `init.samples` rows of
-    `data` (the model inputs of a training set)."""
-    from distillery.models import num_layers
-    from distillery.pruning import measure_importance, prune_teacher
-
-    if data is None:
-        raise RecipeError("init pruned measures importance on real inputs, and this stage gave none")
-    layers = init.teacher_layers
-    layers = official_teacher_layers(num_layers(teacher), shape.layers) if layers == "auto" else list(layers)
-    importance = measure_importance(teacher, sample_batches(data, tokenizer, init.samples), layers)
-    return prune_teacher(teacher, layers, hidden=shape.hidden, heads=shape.heads, intermediate=shape.intermediate,
-                         importance=importance, head=head)
 
 
 def task_student(recipe: Recipe, ctx: TaskContext, *, general: bool = True) -> Callable[[], Any]:

@@ -21,8 +21,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from distillery.models import Dims
-from distillery.recipes.base import (Recipe, RecipeError, Section, Shape, StageContext, StudentStage, corpus_dataset,
-                                     sample_batches)
+from distillery.recipes.base import Recipe, RecipeError, Section, Shape, StageContext, StudentStage, corpus_dataset
 from distillery.recipes.registry import register_recipe
 
 #: Corpus sequences on which the teachers' MLM losses are compared (same masks for every model).
@@ -134,26 +133,17 @@ class MobileBertRecipe(Recipe):
             raise RecipeError(f"{key}.init: pruned cuts a MobileBERT student from the converted teacher and needs: "
                               + "; ".join(missing))
 
-    def start_student(self, teacher, tokenizer, *, head: str = "base", data=None, **head_kwargs: Any):
-        """``pruned``: the student cut from the teacher converted to an IB teacher (`distillery.ib_teacher`,
-        `distillery.ib_pruning`), importance measured on the first ``init.samples`` rows of ``data``; otherwise as
-        every recipe (random weights for the transfer)."""
-        if self.init.kind != "pruned":
-            return super().start_student(teacher, tokenizer, head=head, data=data, **head_kwargs)
+    def pruned_student(self, teacher, batches, *, head: str, num_labels: int):
+        """``init: pruned``: the student cut from the teacher converted to an IB teacher (`distillery.ib_teacher`,
+        `distillery.ib_pruning`), importance measured on `batches`."""
         from distillery.ib_pruning import measure_block_importance, prune_ib_teacher
         from distillery.ib_teacher import convert_bert
         from distillery.models import build_student
 
-        if data is None:
-            raise RecipeError("init pruned measures importance on real inputs, and this stage gave none")
         shape = self.shape.resolve()
         ib = convert_bert(teacher, shape)
-        importance = measure_block_importance(ib, sample_batches(data, tokenizer, self.init.samples))
-        student = build_student(shape, len(tokenizer), head=head, base=ib.config,
-                                num_labels=head_kwargs.get("num_labels", 2))
-        for k, v in head_kwargs.items():
-            setattr(student.config, k, v)
-        return prune_ib_teacher(ib, student, importance)
+        student = build_student(shape, teacher.config.vocab_size, head=head, base=ib.config, num_labels=num_labels)
+        return prune_ib_teacher(ib, student, measure_block_importance(ib, batches))
 
     def _transfer_start(self, ctx: StageContext, teacher, tokenizer, train):
         """The student the transfer (or eq. 4) starts from: cut from the pre-trained teacher (``pruned``, ranked on the
