@@ -4,7 +4,7 @@ Run: python -m benchmarks.speed [--reps 20] [--batch 1] [--seq 128]
 Models have random weights (speed does not depend on them). Runtimes per model: PyTorch fp32,
 PyTorch dynamic int8, ONNX Runtime fp32 (graph optimisations on), ONNX Runtime fp32 after the
 transformer optimiser (fused attention), ONNX Runtime int8 (dynamic quantisation of the latter: weights per output
-channel, what the pipeline deploys, and per tensor). Each timed sample is the mean of `--calls` back-to-back calls of one model
+channel, what the pipeline deploys (`int8_export`), and per tensor; and of the unfused graph). Each timed sample is the mean of `--calls` back-to-back calls of one model
 (its weights in cache, as when serving), and the models alternate between samples.
 The last line is `speedup: <ratio>`: the fastest TinyBERT4 variant against PyTorch fp32 BERT-base.
 """
@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> float:
             stats = optimize_onnx(plain, fused, num_heads=shape[2], hidden_size=shape[1])
             int8 = quantize_onnx(fused, Path(tmp) / f"{name}.opt.int8.onnx")
             per_tensor = quantize_onnx(fused, Path(tmp) / f"{name}.opt.int8t.onnx", per_channel=False)
+            unfused = quantize_onnx(plain, Path(tmp) / f"{name}.int8.onnx")
             print(f"  exported in {time.perf_counter() - t0:.0f}s (max |onnx - torch| {res.max_abs_diff:.1e}); "
                   f"fused: {stats}", flush=True)
             runners[f"{name} pytorch-fp32"] = model
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> float:
             runners[f"{name} ort-fp32-fused"] = OnnxModel(fused)
             runners[f"{name} ort-int8"] = OnnxModel(int8)
             runners[f"{name} ort-int8-per-tensor"] = OnnxModel(per_tensor)
+            runners[f"{name} ort-int8-unfused"] = OnnxModel(unfused)
         ref = "bert-base pytorch-fp32"
         results = measure_latency(runners, batch=args.batch, seq_len=args.seq, reps=args.reps,
                                   warmup=args.warmup, reference=ref, device="cpu", calls=args.calls)

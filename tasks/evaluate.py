@@ -138,12 +138,14 @@ def _export(p: Params, task: str, student: str, data, result: dict[str, Any]):
     model's dev metrics next to the fp32 ones; returns the int8 model for timing."""
     from transformers import AutoTokenizer
 
-    from distillery.efficiency import OnnxModel, disk_size_bytes, export_onnx, quantize_onnx
+    from distillery.efficiency import OnnxModel, disk_size_bytes, export_onnx, int8_export, load_model_for_export
 
     model_dir = paths.student(student, task) / "model"
     out = paths.export(student, task)
-    exported = export_onnx(model_dir, out / "model.onnx")
-    int8_path = quantize_onnx(out / "model.onnx", out / "model.int8.onnx")
+    model = load_model_for_export(model_dir)
+    exported = export_onnx(model, out / "model.onnx")
+    int8_path = out / "model.int8.onnx"
+    fused = int8_export(model, out / "model.onnx", int8_path)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     int8 = OnnxModel(int8_path, vocab_size=len(tokenizer))
     # the same inputs (a span task: windows, answers, official EM/F1) and metrics as the PyTorch model's row
@@ -153,6 +155,7 @@ def _export(p: Params, task: str, student: str, data, result: dict[str, Any]):
         "onnx_max_abs_diff": exported.max_abs_diff,
         "bytes_fp32_onnx": disk_size_bytes(out / "model.onnx"),
         "bytes_int8_onnx": disk_size_bytes(int8_path),
+        "int8_fused_operators": sum(fused.values()),
         **{f"int8_{k}": v for k, v in metrics.items()},
         "int8_main_change": kind.main_score(metrics) - result["main"],
     })

@@ -7,8 +7,8 @@ import pytest
 import torch
 import transformers
 
-from distillery.efficiency import (ExportError, OnnxModel, check_onnx, export_onnx, load_model_for_export,
-                                   predict_torch, quantize_onnx, quantize_torch)
+from distillery.efficiency import (ExportError, OnnxModel, check_onnx, export_onnx, int8_export,
+                                   load_model_for_export, predict_torch, quantize_onnx, quantize_torch)
 
 
 def tiny_bert_classifier(num_labels=3):
@@ -100,6 +100,56 @@ def test_int8_onnx_and_torch_quantisation_stay_close(exported, tmp_path):
         diff = np.abs(got - ref).max()
         assert 0 < diff < 0.05  # quantised (not identical) yet close
     assert any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in quantize_torch(model).modules())
+
+
+def _ops(path):
+    import onnx
+
+    return {n.op_type for n in onnx.load(str(path)).graph.node}
+
+
+@pytest.mark.parametrize("arch", ["bert", "distilbert", "mobilebert"])
+def test_served_int8_is_fused_where_the_optimiser_recognises_the_model(arch, tmp_path):
+    """`int8_export` quantises the graph ONNX Runtime's optimiser fused (one Attention kernel per layer) for BERT and
+    DistilBERT; a MobileBERT graph fuses nothing and is quantised as exported. Either way int8 stays close to PyTorch
+    and matches quantising the graph it started from."""
+    torch.manual_seed(0)
+    cfg = {"bert": lambda: transformers.BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2,
+                                                   num_attention_heads=2, intermediate_size=64),
+           "distilbert": lambda: transformers.DistilBertConfig(vocab_size=120, dim=32, n_layers=2, n_heads=2,
+                                                               hidden_dim=64),
+           "mobilebert": lambda: transformers.MobileBertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2,
+                                                               num_attention_heads=2, intermediate_size=32,
+                                                               embedding_size=16, intra_bottleneck_size=16,
+                                                               true_hidden_size=16)}[arch]()
+    model = transformers.AutoModelForSequenceClassification.from_config(cfg).eval()
+    fp32 = export_onnx(model, tmp_path / "model.onnx").path
+    fused = int8_export(model, fp32, tmp_path / "model.int8.onnx")
+    if arch == "mobilebert":
+        assert fused == {}
+        assert "QAttention" not in _ops(tmp_path / "model.int8.onnx")
+    else:
+        assert fused["Attention"] == 2 and fused["SkipLayerNormalization"] == 4, fused
+        assert "QAttention" in _ops(tmp_path / "model.int8.onnx") or "Attention" in _ops(tmp_path / "model.int8.onnx")
+        assert "Softmax" not in _ops(tmp_path / "model.int8.onnx")  # the attention runs in the fused kernel
+    feats = {"input_ids": [[2, 5, 6, 7, 8, 9], [3, 4, 5]]}
+    ref = predict_torch(model, feats)
+    got = OnnxModel(tmp_path / "model.int8.onnx").predict(feats)
+    assert 0 < np.abs(got - ref).max() < 0.05
+
+
+def test_served_int8_falls_back_to_the_unfused_graph_when_fusion_changes_outputs(exported, tmp_path, monkeypatch,
+                                                                                 caplog):
+    from distillery.efficiency import export
+
+    model, result, _ = exported
+    monkeypatch.setattr(export, "check_onnx", lambda *a, **k: 1.0)  # the fused graph disagrees with PyTorch
+    fused = int8_export(model, result.path, tmp_path / "model.int8.onnx")
+    assert fused == {} and "quantising the unfused graph" in caplog.text
+    assert "Softmax" in _ops(tmp_path / "model.int8.onnx")
+    plain = quantize_onnx(result.path, tmp_path / "plain.onnx")
+    feats = {"input_ids": [[2, 5, 6, 7, 8, 9], [3, 4, 5]]}
+    assert np.array_equal(OnnxModel(tmp_path / "model.int8.onnx").predict(feats), OnnxModel(plain).predict(feats))
 
 
 def test_distilbert_exports_without_token_types(tmp_path):

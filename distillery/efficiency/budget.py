@@ -138,7 +138,7 @@ def candidates(teacher: Dims, *, depths: Iterable[int] | None = None, width_frac
 def _models(teacher, shapes: Iterable[Candidate], workdir: Path) -> tuple[dict, dict, dict]:
     """name -> a random-weight model (or ONNX int8 session) of every candidate, the bf16 names, and shape name ->
     parameter count."""
-    from distillery.efficiency.export import OnnxModel, export_onnx, quantize_onnx
+    from distillery.efficiency.export import OnnxModel, export_onnx, int8_export
     from distillery.models import build_student, num_parameters
 
     models: dict[str, Any] = {"teacher": teacher}
@@ -153,7 +153,8 @@ def _models(teacher, shapes: Iterable[Candidate], workdir: Path) -> tuple[dict, 
             fp32 = workdir / f"{c.shape_name}.onnx"
             if not fp32.exists():
                 export_onnx(model, fp32, check=False)
-            int8 = quantize_onnx(fp32, workdir / f"{c.shape_name}-int8.onnx")
+            int8 = workdir / f"{c.shape_name}-int8.onnx"
+            int8_export(model, fp32, int8)  # the form the evaluate stage serves and times
             models[c.name] = OnnxModel(int8, vocab_size=model.config.vocab_size)
         else:
             models[c.name] = model

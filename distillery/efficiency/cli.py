@@ -54,20 +54,18 @@ def check_export_target(model_dir: Path, out_dir: Path) -> None:
                                 "give another directory")
 
 
-def export_dir(model_dir: str | Path, out_dir: str | Path, *, opset: int = 17, int8: bool = True,
-               optimize: bool = False) -> dict:
+def export_dir(model_dir: str | Path, out_dir: str | Path, *, opset: int = 17, int8: bool = True) -> dict:
     """Write out_dir/{model.onnx, model.int8.onnx, export.json, tokenizer files}; return export.json's content.
 
-    With `optimize`, the fp32 graph is first passed through ONNX Runtime's transformer optimiser
-    (model.opt.onnx) and the int8 model is quantised from it.
+    model.int8.onnx is the form the pipeline serves (`int8_export`: fused by ONNX Runtime's transformer optimiser
+    where it recognises the model, then quantised); export.json names the fused operators.
     """
     from distillery.efficiency.export import (
         check_saved_model,
         check_tokenizer_fits,
         export_onnx,
+        int8_export,
         load_model_for_export,
-        optimize_onnx,
-        quantize_onnx,
     )
     from distillery.efficiency.flops import flops_if_counted
     from distillery.efficiency.size import disk_size_bytes, parameter_counts
@@ -84,16 +82,10 @@ def export_dir(model_dir: str | Path, out_dir: str | Path, *, opset: int = 17, i
     with atomic_dir(out_dir) as tmp:
         res = export_onnx(model, tmp / "model.onnx", opset=opset)
         info["onnx"] = {**res.as_dict(), "path": "model.onnx"}
-        source = tmp / "model.onnx"
-        if optimize:
-            cfg = model.config
-            heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_heads")
-            hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "dim")
-            info["fused_operators"] = optimize_onnx(source, tmp / "model.opt.onnx", num_heads=heads, hidden_size=hidden)
-            source = tmp / "model.opt.onnx"
         if int8:
-            q = quantize_onnx(source, tmp / "model.int8.onnx")
-            info["int8"] = {"path": "model.int8.onnx", "bytes": q.stat().st_size}
+            fused = int8_export(model, tmp / "model.onnx", tmp / "model.int8.onnx")
+            info["int8"] = {"path": "model.int8.onnx", "bytes": (tmp / "model.int8.onnx").stat().st_size,
+                            "fused_operators": fused}
         for name in TOKENIZER_FILES:
             if (model_dir / name).is_file():
                 shutil.copy2(model_dir / name, tmp / name)
@@ -202,7 +194,7 @@ def _budget(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    info = export_dir(args.model_dir, args.out_dir, opset=args.opset, int8=not args.no_int8, optimize=args.optimize)
+    info = export_dir(args.model_dir, args.out_dir, opset=args.opset, int8=not args.no_int8)
     print(f"exported {args.model_dir} -> {args.out_dir} (max |onnx - torch| {info['onnx']['max_abs_diff']:.2e}); "
           f"files: {info['bytes_on_disk']}")
     return 0
@@ -237,5 +229,4 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     ep.add_argument("out_dir")
     ep.add_argument("--opset", type=int, default=17)
     ep.add_argument("--no-int8", action="store_true", help="skip the int8 dynamic quantisation")
-    ep.add_argument("--optimize", action="store_true", help="fuse with ONNX Runtime's transformer optimiser first")
     ep.set_defaults(func=_export)
