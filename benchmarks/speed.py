@@ -4,8 +4,9 @@ Run: python -m benchmarks.speed [--reps 20] [--batch 1] [--seq 128]
 Models have random weights (speed does not depend on them). Runtimes per model: PyTorch fp32,
 PyTorch dynamic int8, ONNX Runtime fp32 (graph optimisations on), ONNX Runtime fp32 after the
 transformer optimiser (fused attention), ONNX Runtime int8 (dynamic quantisation of the latter: weights per output
-channel, what the pipeline deploys (`int8_export`), and per tensor; and of the unfused graph). Each timed sample is the mean of `--calls` back-to-back calls of one model
-(its weights in cache, as when serving), and the models alternate between samples.
+channel, what the pipeline deploys (`int8_export`), and per tensor; and of the unfused graph). Each timed sample is
+the mean of `--calls` back-to-back calls of one model (its weights in cache, as when serving), and the models
+alternate between samples.
 The last line is `speedup: <ratio>`: the fastest TinyBERT4 variant against PyTorch fp32 BERT-base.
 """
 
