@@ -276,13 +276,6 @@ def optimize_onnx(in_path: str | os.PathLike, out_path: str | os.PathLike, *, nu
     return {k: int(v) for k, v in opt.get_fused_operator_statistics().items() if v}
 
 
-def _fusion_dims(config: Any) -> tuple[int, int]:
-    """(heads, width) of the attention the optimiser fuses: BERT-like configs' or DistilBERT's names."""
-    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_heads", None) or 0
-    width = getattr(config, "hidden_size", None) or getattr(config, "dim", None) or 0
-    return int(heads), int(width)
-
-
 def int8_export(model: nn.Module, fp32_path: str | os.PathLike, out_path: str | os.PathLike, *,
                 atol: float = 1e-4) -> dict[str, int]:
     """The int8 form the pipeline serves (evaluation, the budget search, the registry): the exported fp32 graph of
@@ -295,11 +288,12 @@ def int8_export(model: nn.Module, fp32_path: str | os.PathLike, out_path: str | 
     Returns the fused-operator counts ({} when not fused)."""
     import tempfile
 
-    heads, width = _fusion_dims(model.config)
+    from distillery.models import hidden_size, num_heads
+
     source, fused = Path(fp32_path), {}
     with tempfile.TemporaryDirectory(prefix="fused-") as tmp:
         path = Path(tmp) / "model.opt.onnx"
-        counts = optimize_onnx(source, path, num_heads=heads, hidden_size=width)
+        counts = optimize_onnx(source, path, num_heads=num_heads(model), hidden_size=hidden_size(model))
         if counts:
             diff = check_onnx(model, path)
             if diff <= atol:
