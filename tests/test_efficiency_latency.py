@@ -49,3 +49,21 @@ def test_bad_arguments():
         measure_latency({"a": lambda: None}, reference="nope")
     with pytest.raises(TypeError, match="int"):
         measure_latency({"a": 3}, reps=1)
+    with pytest.raises(ValueError, match="settle_ms"):
+        measure_latency({"a": lambda: None}, settle_ms=-1)
+
+
+@pytest.mark.parametrize("settle_ms, overlapped", [(0, True), (60, False)])
+def test_each_sample_waits_for_the_previous_runtime_to_settle(settle_ms, overlapped):
+    """A runtime whose threads spin for 30 ms after each call (ONNX Runtime's do): with the pause, no sample of the
+    other model starts while they spin; without it, the next one does."""
+    spin_until, starts_while_spinning = [0.0], []
+
+    def spinning_runtime():
+        spin_until[0] = time.perf_counter() + 0.03
+
+    def other():
+        starts_while_spinning.append(time.perf_counter() < spin_until[0])
+
+    measure_latency({"a": spinning_runtime, "b": other}, reps=4, warmup=0, device="cpu", settle_ms=settle_ms)
+    assert any(starts_while_spinning) is overlapped

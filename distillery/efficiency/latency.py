@@ -5,6 +5,12 @@ faster") are wall-clock ratios against BERT-base. Here every model is timed inte
 (A B C A B C ...) after a warm-up, so that load from other processes and CPU frequency drift hit all
 of them alike; the median of the repetitions is reported. CPU runs use torch.get_num_threads()
 threads; on CUDA the device is synchronised around every call.
+
+On a CPU, a runtime's worker threads go on spinning for a while after a call returns (ONNX Runtime's for tens of
+milliseconds, PyTorch's OpenMP threads for a few): timed right after another runtime, a model shares the cores with
+those threads. On 2 cores this doubled the fp32 teacher's time after an int8 ONNX session (96 ms against 41) and the
+session's after the teacher (20 ms against 9). So every CPU sample waits `settle_ms` after the previous model's: each
+model is timed as it is served, alone on the machine.
 """
 
 from __future__ import annotations
@@ -103,7 +109,7 @@ def _runner(obj: Any, batch: int, seq_len: int, device: torch.device, precision:
 def measure_latency(models: Mapping[str, Any], *, batch: int = 1, seq_len: int = 128, reps: int = 20,
                     warmup: int = 3, reference: str | None = None,
                     device: str | torch.device | None = None, calls: int = 1,
-                    precisions: Mapping[str, str] | None = None) -> dict[str, LatencyResult]:
+                    precisions: Mapping[str, str] | None = None, settle_ms: float = 50.0) -> dict[str, LatencyResult]:
     """Time every model interleaved in one process and return {name: LatencyResult}.
 
     `models` values: an nn.Module (fed random (batch, seq_len) inputs drawn from its vocabulary), an
@@ -114,12 +120,14 @@ def measure_latency(models: Mapping[str, Any], *, batch: int = 1, seq_len: int =
     so each model is timed with its weights in cache, as when it serves requests back to back; the
     models still alternate between samples. `precisions`: name -> "bf16" for the nn.Modules timed under bf16
     autocast (`distillery.precision`; the same module may appear twice, once in each precision); the others are
-    timed in fp32 whatever precision is in force.
+    timed in fp32 whatever precision is in force. `settle_ms`: on a CPU, the pause before each sample that follows
+    another model's, so the threads of the runtime that ran before have stopped spinning (module docstring).
     """
     if not models:
         raise ValueError("measure_latency needs at least one model")
-    if reps < 1 or warmup < 0 or calls < 1:
-        raise ValueError(f"reps and calls must be >= 1 and warmup >= 0, got reps={reps}, calls={calls}, warmup={warmup}")
+    if reps < 1 or warmup < 0 or calls < 1 or settle_ms < 0:
+        raise ValueError(f"reps and calls must be >= 1, warmup and settle_ms >= 0, got reps={reps}, calls={calls}, "
+                         f"warmup={warmup}, settle_ms={settle_ms}")
     if reference is not None and reference not in models:
         raise KeyError(f"reference model {reference!r} is not among {sorted(models)}")
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -140,10 +148,12 @@ def measure_latency(models: Mapping[str, Any], *, batch: int = 1, seq_len: int =
     for _ in range(warmup):
         for fn in runners.values():
             fn()
+    settle = settle_ms / 1000 if not cuda and len(runners) > 1 else 0.0
     times: dict[str, list[float]] = {name: [] for name in runners}
     for r in range(reps):
         order = list(runners) if r % 2 == 0 else list(reversed(list(runners)))  # ABC CBA: no fixed position bias
         for name in order:
+            time.sleep(settle)
             times[name].append(timed(runners[name]))
     ref_name = reference if reference is not None else next(iter(models))
     ref_median = statistics.median(times[ref_name])
