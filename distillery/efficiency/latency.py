@@ -120,8 +120,8 @@ def measure_latency(models: Mapping[str, Any], *, batch: int = 1, seq_len: int =
     so each model is timed with its weights in cache, as when it serves requests back to back; the
     models still alternate between samples. `precisions`: name -> "bf16" for the nn.Modules timed under bf16
     autocast (`distillery.precision`; the same module may appear twice, once in each precision); the others are
-    timed in fp32 whatever precision is in force. `settle_ms`: on a CPU, the pause before each sample that follows
-    another model's, so the threads of the runtime that ran before have stopped spinning (module docstring).
+    timed in fp32 whatever precision is in force. `settle_ms`: on a CPU with more than one model, the pause before
+    each sample, so the threads of the runtime that ran before have stopped spinning (module docstring).
     """
     if not models:
         raise ValueError("measure_latency needs at least one model")
