@@ -9,8 +9,8 @@ threads; on CUDA the device is synchronised around every call.
 On a CPU, a runtime's worker threads go on spinning for a while after a call returns (ONNX Runtime's for tens of
 milliseconds, PyTorch's OpenMP threads for a few): timed right after another runtime, a model shares the cores with
 those threads. On 2 cores this doubled the fp32 teacher's time after an int8 ONNX session (96 ms against 41) and the
-session's after the teacher (20 ms against 9). So every CPU sample waits `settle_ms` after the previous model's: each
-model is timed as it is served, alone on the machine.
+session's after the teacher (20 ms against 9). So every CPU sample waits `settle_ms` before it starts: each model is
+timed as it is served, alone on the machine.
 """
 
 from __future__ import annotations
