@@ -191,7 +191,7 @@ def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
     student, task = split_item(item)
     teacher_gate(p, task)
     ctx = task_context(p, item, paths.student(student, task))
-    grid, curve = recipe_of(p, student).task_stage(ctx)
+    grid, curve = recipe_of(p, student).run_task(ctx)
     result = _keep_best(grid, ctx.out)
     result["curve"] = curve or grid.best_dir / "train_log.csv"
     return result

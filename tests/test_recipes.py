@@ -398,6 +398,78 @@ def test_minilm_intermediate_step_distils_the_last_layer_on_the_task_before_fine
     assert loaded == [step1, step1]
 
 
+def test_a_student_cut_from_its_distilled_wide_twin(tok, tmp_path, monkeypatch):
+    """`init: {pruned: {source: student}}`: the task stage first trains the student at the teacher's width from the
+    teacher's layers (the recipe's own task stage, under out/wide), then cuts that student's best run to the shape
+    (its kept slices, ranked on the training inputs) and fine-tunes the cut on the gold labels. Its direct baseline
+    starts from the teacher cut in one go. Refused with a general stage or a shape that is not BERT's."""
+    import json
+    from dataclasses import dataclass
+    from types import SimpleNamespace
+
+    from distillery.pruning import measure_importance, prune_teacher
+    from distillery.recipes import RecipeError, TaskContext
+    from distillery.recipes.base import sample_batches, task_student
+    from distillery.training.metrics import accuracy
+    from distillery.training.spec import Grid
+
+    teacher, train, dev = finetuned_teacher(tok, tmp_path / "teacher")
+    template = TrainRun(tmp_path, None, tokenizer=tok, compute_metrics=accuracy, main_score="accuracy",
+                        args={**FAST, "seed": 0})
+    loaded, cuts = [], []
+
+    @dataclass(frozen=True)
+    class Recorded(TaskContext):
+        def load(self, path):
+            loaded.append(path)
+            return super().load(path)
+
+    ctx = Recorded(student="s", task="demo", teacher=teacher, tokenizer=tok, labels={"num_labels": 2},
+                   data=lambda augmented: (train, dev), out=tmp_path / "student",
+                   sections=SimpleNamespace(student_dropout=None, finetune=None), train_args=None,
+                   grid=lambda section: (Grid(learning_rates=(3e-3,), batch_sizes=(16,), epochs=3), template))
+    narrow = {"layers": 2, "hidden": 16, "heads": 1, "intermediate": 32}
+    recipe = MiniLMRecipe(shape=narrow, init={"pruned": {"teacher_layers": [1, 3], "source": "student",
+                                                          "samples": 64}})
+    recipe.check_student(Dims.of_config(teacher.config), "students.s")  # the cut is fine-tuned: 1 head is fine
+    with pytest.raises(RecipeError, match="compare heads one by one"):
+        recipe.check(Dims.of_config(teacher.config), "students.s")  # what distilling the cut would need
+    wide = recipe.wide_student(Dims.of_config(teacher.config))
+    assert (wide.init.kind, wide.init.teacher_layers, wide.shape.hidden, wide.shape.intermediate) == (
+        "teacher_layers", [1, 3], 32, 64)
+
+    real_prune = prune_teacher
+
+    def spy(model, *a, **kw):  # the model the grid fine-tunes is the cut of the wide run
+        cut = real_prune(model, *a, **kw)
+        cuts.append((model, {k: v.clone() for k, v in cut.state_dict().items()}, cut.kept_channels))
+        return cut
+
+    monkeypatch.setattr("distillery.pruning.prune_teacher", spy)
+    grid, curve = recipe.run_task(ctx)
+    wide_dir = tmp_path / "student" / "wide" / "grid"
+    assert curve is None and loaded and all(Path(p).is_relative_to(wide_dir) for p in loaded)
+    (model, cut, kept), = cuts
+    assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 2
+    imp = measure_importance(model, sample_batches(train, tok, 64), [0, 1])
+    again = real_prune(model, [0, 1], hidden=16, heads=1, intermediate=32, importance=imp)
+    assert cut.keys() == again.state_dict().keys()
+    assert all(torch.equal(cut[k], v) for k, v in again.state_dict().items())
+    emb = "bert.embeddings.word_embeddings.weight"
+    assert torch.equal(cut[emb], model.state_dict()[emb][:, kept])
+    best = transformers.AutoModelForSequenceClassification.from_pretrained(grid.best_dir)
+    assert (best.config.hidden_size, best.config.intermediate_size) == (16, 32)
+    assert json.loads((grid.best_dir / "metrics.json").read_text())["eval_accuracy"] > 0.7
+    direct = task_student(recipe, ctx, general=False)()  # the baseline: the teacher cut in one go
+    assert direct.config.hidden_size == 16 and not torch.equal(direct.state_dict()[emb], cut[emb])
+    with pytest.raises(RecipeError, match="general_distillation: false"):
+        MiniLMRecipe(shape=narrow, init={"pruned": {"source": "student"}}, general_distillation=True).check_student(
+            Dims.of_config(teacher.config), "students.s")
+    with pytest.raises(RecipeError, match="cuts a bert student"):
+        MiniLMRecipe(shape={**narrow, "arch": "distilbert"}, init={"pruned": {"source": "student"}}).check_student(
+            Dims.of_config(teacher.config), "students.s")
+
+
 def test_layers_from_says_where_a_student_without_a_general_stage_starts(tok, tmp_path):
     """`layers_from`: a DistilBERT student that skips general distillation starts from the pre-trained teacher's
     layers with `pretrained` (the paper's start; by default it takes the fine-tuned teacher's), a BERT-PKD student from

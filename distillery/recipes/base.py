@@ -24,7 +24,7 @@ output directory, schedule, seed) and asks.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal, Mapping, Union
 
@@ -123,6 +123,10 @@ class PrunedInit(Section):
     kind: Literal["pruned"] = "pruned"
     teacher_layers: list[int] | Literal["auto"] = "auto"
     samples: int = Field(512, ge=1)
+    #: what is cut: ``teacher`` (its layers, in one cut) or ``student``: this student at the teacher's width first,
+    #: from those layers through the recipe's task stage, then cut to the shape and fine-tuned on the gold labels
+    #: (`Recipe.run_task`; distillation before the cut instead of after it)
+    source: Literal["teacher", "student"] = "teacher"
 
     _distinct = field_validator("teacher_layers")(TeacherLayersInit._distinct.__func__)
 
@@ -440,7 +444,7 @@ class Recipe(Section):
         stages that run before the search is refused (general distillation), and at least one candidate shape must
         pass `check` (`budget_shapes`)."""
         if self.budget is None:
-            return self.check(teacher, key)
+            return self.check_student(teacher, key)
         if self.init.kind == "checkpoint":
             raise RecipeError(f"{key}.budget: a checkpoint fixes the student's shape; a budgeted student starts from the "
                               "teacher (init: pruned, or teacher_layers: auto)")
@@ -467,7 +471,9 @@ class Recipe(Section):
         fine, problems = [], []
         for shape in shapes:
             try:
-                self.with_shape(shape).check(teacher, key)
+                shaped = self.with_shape(shape)
+                shaped.check(teacher, key)  # the search trains each candidate briefly by `task_stage`
+                shaped.check_student(teacher, key)
                 fine.append(shape)
             except RecipeError as exc:
                 problems.append(str(exc))
@@ -513,6 +519,21 @@ class Recipe(Section):
                 f"{teacher.hidden // teacher.heads}: hidden <= {teacher.hidden}, heads <= {teacher.heads} with "
                 f"hidden / heads = {teacher.hidden // teacher.heads}, intermediate <= {teacher.intermediate}; the "
                 f"shape gives {s.hidden}/{s.heads}/{s.intermediate}")
+
+    def check_student(self, teacher: Dims, key: str) -> None:
+        """`check` this student. One cut from its wide twin (``init: {pruned: {source: student}}``) is fine-tuned
+        after the cut, not distilled: the twin (`wide_student`) must pass `check`, the shape must be a BERT cut
+        `distillery.pruning` can make from it, and no general stage may run (the task stage trains the twin)."""
+        if self.init.kind != "pruned" or self.init.source != "student":
+            return self.check(teacher, key)
+        s = self.student_dims(teacher, key)
+        if s.arch != "bert":
+            raise RecipeError(f"{key}.init.source: student cuts a bert student from its wide twin; the shape is {s.arch}")
+        if self.runs_general:
+            raise RecipeError(f"{key}.init.source: student trains the student it cuts in the task stage, from the "
+                              "teacher's layers; give general_distillation: false")
+        self.wide_student(teacher).check(teacher, key)
+        Recipe._check_pruned(self, teacher, s, key)
 
     def _check_attention(self, teacher: Dims, key: str) -> None:
         """An objective that reads attention (scores, distributions, queries, keys, values) needs a teacher whose
@@ -640,6 +661,35 @@ class Recipe(Section):
         without one (TinyBERT: its general student's W_h)."""
         return None
 
+    def wide_student(self, teacher: Dims) -> "Recipe":
+        """The student that ``init: {pruned: {source: student}}`` cuts: this one at the teacher's width (hidden,
+        heads, FFN), its depth, from the same teacher layers."""
+        s = self.shape.resolve()
+        return self.model_copy(update={
+            "init": TeacherLayersInit(teacher_layers=self.init.teacher_layers),
+            "shape": Shape(layers=s.layers, hidden=teacher.hidden, heads=teacher.heads, intermediate=teacher.intermediate)})
+
+    def run_task(self, ctx: TaskContext):
+        """The task stage as the pipeline runs it: `task_stage`. With ``init: {pruned: {source: student}}``: first
+        `wide_student` through `task_stage` (its runs under ``ctx.out / "wide"``), then its best run cut to this
+        shape (`distillery.pruning`, importance on the first ``init.samples`` training inputs), then the fine-tuning
+        grid on the gold labels: distillation before the cut, none after it (on CoLA a cut 3-layer student fine-tuned
+        scored as well as, or better than, the same cut through TinyBERT's two steps: docs/presets.md)."""
+        if self.init.kind != "pruned" or self.init.source != "student":
+            return self.task_stage(ctx)
+        from distillery.pruning import measure_importance, prune_teacher
+
+        wide, _ = self.wide_student(Dims.of_config(ctx.teacher.config)).task_stage(replace(ctx, out=ctx.out / "wide"))
+        shape, train = self.shape.resolve(), ctx.data(False)[0]
+
+        def cut():
+            model = ctx.load(wide.best_dir)
+            layers = list(range(shape.layers))
+            importance = measure_importance(model, sample_batches(train, ctx.tokenizer, self.init.samples), layers)
+            return prune_teacher(model, layers, hidden=shape.hidden, heads=shape.heads,
+                                 intermediate=shape.intermediate, importance=importance)
+        return finetune_grid(ctx, with_student_dropout(cut, ctx), ctx.out / "grid"), None
+
     def direct_stage(self, ctx: TaskContext):
         """The same student trained without a teacher (TinyBERT's BERT-small row): its architecture and
         initialisation, the fine-tuning grid, the task's own training set."""
@@ -687,6 +737,11 @@ def task_student(recipe: Recipe, ctx: TaskContext, *, general: bool = True) -> C
             teacher = ctx.load(ctx.pretrained) if from_pretrained else ctx.teacher
             data = ctx.data(False)[0] if recipe.init.kind == "pruned" else None  # pruning ranks on the task's inputs
             return recipe.start_student(teacher, ctx.tokenizer, head=ctx.head, data=data, **ctx.labels)
+    return with_student_dropout(factory, ctx)
+
+
+def with_student_dropout(factory: Callable[[], Any], ctx: TaskContext) -> Callable[[], Any]:
+    """`factory` with ``task_distillation.student_dropout`` applied to what it makes, when set."""
     rate = ctx.sections.student_dropout
     if rate is None:
         return factory
