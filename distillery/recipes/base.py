@@ -394,6 +394,11 @@ class Recipe(Section):
         return self.LAYERS_FROM_PRETRAINED
 
     @property
+    def cuts_distilled_student(self) -> bool:
+        """``init: {pruned: {source: student}}``: the student is cut from its distilled wide twin (`run_task`)."""
+        return self.init.kind == "pruned" and self.init.source == "student"
+
+    @property
     def needs_mlm_teacher(self) -> bool:
         """Whether a stage of the recipe distils an MLM teacher's output distribution."""
         return False
@@ -473,7 +478,8 @@ class Recipe(Section):
             try:
                 shaped = self.with_shape(shape)
                 shaped.check(teacher, key)  # the search trains each candidate briefly by `task_stage`
-                shaped.check_student(teacher, key)
+                if shaped.cuts_distilled_student:
+                    shaped.check_student(teacher, key)
                 fine.append(shape)
             except RecipeError as exc:
                 problems.append(str(exc))
@@ -524,7 +530,7 @@ class Recipe(Section):
         """`check` this student. One cut from its wide twin (``init: {pruned: {source: student}}``) is fine-tuned
         after the cut, not distilled: the twin (`wide_student`) must pass `check`, the shape must be a BERT cut
         `distillery.pruning` can make from it, and no general stage may run (the task stage trains the twin)."""
-        if self.init.kind != "pruned" or self.init.source != "student":
+        if not self.cuts_distilled_student:
             return self.check(teacher, key)
         s = self.student_dims(teacher, key)
         if s.arch != "bert":
@@ -675,7 +681,7 @@ class Recipe(Section):
         shape (`distillery.pruning`, importance on the first ``init.samples`` training inputs), then the fine-tuning
         grid on the gold labels: distillation before the cut, none after it (on CoLA a cut 3-layer student fine-tuned
         scored as well as, or better than, the same cut through TinyBERT's two steps: docs/presets.md)."""
-        if self.init.kind != "pruned" or self.init.source != "student":
+        if not self.cuts_distilled_student:
             return self.task_stage(ctx)
         from distillery.pruning import measure_importance, prune_teacher
 
