@@ -81,7 +81,7 @@ def run_search(p: Params, student: str) -> dict[str, Any]:
         kept = []
         for task in tasks:
             with tempfile.TemporaryDirectory(prefix="distillery-search-") as tmp:
-                grid, _ = shaped.task_stage(_brief(contexts[task], examples, p.seed, Path(tmp)))
+                grid, _ = shaped.run_task(_brief(contexts[task], examples, p.seed, Path(tmp)))
                 main = grid.best["main"]
             kept.append(retention(main, teachers[task]) if teachers[task] > 0 else main)
         mean = sum(kept) / len(kept)

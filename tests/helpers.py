@@ -141,10 +141,12 @@ MICRO = {
         "micro-mobilebert": {"recipe": "mobilebert", "shape": {"preset": "mobilebert-tiny", "layers": 2, "hidden": 32,
                                                                "heads": 2, "intermediate": 16, "intra": 8,
                                                                "embedding": 32}},
-        # a budget instead of a shape: the search stage times both 1-layer candidates in int8, trains them and keeps
-        # one, which the registry serves in int8
-        "micro-budget": {"recipe": "tinybert", "init": "pruned",
-                         "budget": {"latency_ms": 1000, "depths": [1], "forms": ["int8"], "train_examples": 100}},
+        # a budget instead of a shape: the search stage times both 1-layer candidates of the teacher's width in int8,
+        # trains them (the FFN 32 one cut from its distilled FFN 64 twin, which the other one is) and keeps one, which
+        # the registry serves in int8
+        "micro-budget": {"recipe": "tinybert", "init": {"pruned": {"source": "student"}},
+                         "budget": {"latency_ms": 1000, "depths": [1], "width_fractions": [1], "forms": ["int8"],
+                                    "train_examples": 100}},
     },
     "general_distillation": {"epochs": 1, "learning_rate": 1e-3, "batch_size": 32, "max_length": 32},
     "task_distillation": {"intermediate": {"epochs": 1, "learning_rate": 1e-3, "batch_size": 32},

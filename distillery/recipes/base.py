@@ -464,7 +464,9 @@ class Recipe(Section):
 
     def budget_shapes(self, teacher: Dims, key: str) -> list[dict[str, int]]:
         """The budget's candidate shapes (in the order of `distillery.efficiency.budget.candidates`) that this recipe
-        can train from this teacher (each passes `check`); none: a RecipeError naming the first candidate's problem."""
+        can train from this teacher (each passes `check_student`: the search trains each candidate briefly by
+        `run_task`, so a shape cut from its distilled wide twin need not be one the recipe distils); none: a
+        RecipeError naming the first candidate's problem."""
         from distillery.efficiency.budget import BudgetError, candidates
 
         b = self.budget
@@ -476,10 +478,7 @@ class Recipe(Section):
         fine, problems = [], []
         for shape in shapes:
             try:
-                shaped = self.with_shape(shape)
-                shaped.check(teacher, key)  # the search trains each candidate briefly by `task_stage`
-                if shaped.cuts_distilled_student:
-                    shaped.check_student(teacher, key)
+                self.with_shape(shape).check_student(teacher, key)
                 fine.append(shape)
             except RecipeError as exc:
                 problems.append(str(exc))
@@ -680,13 +679,17 @@ class Recipe(Section):
         `wide_student` through `task_stage` (its runs under ``ctx.out / "wide"``), then its best run cut to this
         shape (`distillery.pruning`, importance on the first ``init.samples`` training inputs), then the fine-tuning
         grid on the gold labels: distillation before the cut, none after it (on CoLA a cut 3-layer student fine-tuned
-        scored as well as, or better than, the same cut through TinyBERT's two steps: docs/presets.md)."""
+        scored as well as, or better than, the same cut through TinyBERT's two steps: docs/presets.md). A shape of the
+        teacher's width has nothing to cut: the twin is the student (a budget search's full-width candidates)."""
         if not self.cuts_distilled_student:
             return self.task_stage(ctx)
         from distillery.pruning import measure_importance, prune_teacher
 
-        wide, _ = self.wide_student(Dims.of_config(ctx.teacher.config)).task_stage(replace(ctx, out=ctx.out / "wide"))
-        shape, train = self.shape.resolve(), ctx.data(False)[0]
+        twin, shape = self.wide_student(Dims.of_config(ctx.teacher.config)), self.shape.resolve()
+        if twin.shape.resolve() == shape:
+            return twin.task_stage(ctx)
+        wide, _ = twin.task_stage(replace(ctx, out=ctx.out / "wide"))
+        train = ctx.data(False)[0]
 
         def cut():
             model = ctx.load(wide.best_dir)
