@@ -404,7 +404,7 @@ def test_a_student_cut_from_its_distilled_wide_twin(tok, tmp_path, monkeypatch):
     (its kept slices, ranked on the training inputs) and fine-tunes the cut on the gold labels. Its direct baseline
     starts from the teacher cut in one go. Refused with a general stage or a shape that is not BERT's."""
     import json
-    from dataclasses import dataclass
+    from dataclasses import dataclass, replace
     from types import SimpleNamespace
 
     from distillery.pruning import measure_importance, prune_teacher
@@ -462,6 +462,11 @@ def test_a_student_cut_from_its_distilled_wide_twin(tok, tmp_path, monkeypatch):
     assert json.loads((grid.best_dir / "metrics.json").read_text())["eval_accuracy"] > 0.7
     direct = task_student(recipe, ctx, general=False)()  # the baseline: the teacher cut in one go
     assert direct.config.hidden_size == 16 and not torch.equal(direct.state_dict()[emb], cut[emb])
+    full = MiniLMRecipe(shape={**narrow, "hidden": 32, "heads": 2, "intermediate": 64},
+                        init={"pruned": {"teacher_layers": [1, 3], "source": "student"}})
+    cuts.clear()
+    whole, _ = full.run_task(replace(ctx, out=tmp_path / "full"))  # nothing to cut: the twin is the student
+    assert not cuts and not (tmp_path / "full" / "wide").exists() and whole.best_dir.is_relative_to(tmp_path / "full")
     with pytest.raises(RecipeError, match="general_distillation: false"):
         MiniLMRecipe(shape=narrow, init={"pruned": {"source": "student"}}, general_distillation=True).check_student(
             Dims.of_config(teacher.config), "students.s")
