@@ -167,7 +167,8 @@ def test_a_student_gives_a_shape_or_a_budget_and_the_budget_must_be_searchable()
     hidden_only = tinybert(recipe="tinybert", init="pruned", budget={"speedup": 5, "depths": [2, 3]},
                            objectives={"hidden_loss": 1.0, "embedding_loss": 1.0})
     assert {s["hidden"] for s in hidden_only.budget_shapes(TEACHER, "students.s")} == {384, 288, 192}
-    cut_after = tinybert(recipe="tinybert", init={"pruned": {"source": "student"}}, budget={"speedup": 5, "depths": [2, 3]})
+    cut_after = tinybert(recipe="tinybert", init={"pruned": {"source": "student"}},
+                         budget={"speedup": 5, "depths": [2, 3]})
     assert {s["hidden"] for s in cut_after.budget_shapes(TEACHER, "students.s")} == {384, 288, 192}  # the twin distils
     assert hidden_only.with_shape(shape).shape.layers == 2 and hidden_only.with_shape(shape).budget is None
     for recipe, init, message in (("tinybert", "random", "after general distillation would run"),
