@@ -445,9 +445,9 @@ class Recipe(Section):
         return self.model_copy(update={"shape": Shape(**shape), "budget": None})
 
     def verify(self, teacher: Dims, key: str) -> None:
-        """`check` a student of a shape; for a budget, that its candidates can be searched: a shape chosen after the
-        stages that run before the search is refused (general distillation), and at least one candidate shape must
-        pass `check` (`budget_shapes`)."""
+        """`check_student` a student of a shape; for a budget, that its candidates can be searched: a shape chosen
+        after the stages that run before the search is refused (general distillation), and at least one candidate
+        shape must pass `check_student` (`budget_shapes`)."""
         if self.budget is None:
             return self.check_student(teacher, key)
         if self.init.kind == "checkpoint":
