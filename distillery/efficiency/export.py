@@ -364,11 +364,12 @@ def _onnx_vocab_size(path: Path) -> int | None:
 class OnnxModel:
     """An ONNX Runtime CPU session: `model(**arrays)` -> first output; `predict(features)` batched.
 
-    Worker threads busy-wait between operators during a call (ONNX Runtime's default) but stop
-    when the call returns (`session.force_spinning_stop`): a thread still spinning after the call
-    keeps its core from whatever runs next (another session, PyTorch, the tokenizer). Interleaved
-    with other models on 2 cores, TinyBERT4 int8 at batch 1 took 13.2 ms with the default spinning
-    and 7.5 ms with it stopped after each call.
+    The session keeps ONNX Runtime's own thread behaviour: its workers busy-wait between operators and for a
+    while after a call returns, as a served model runs. Stopping them at the end of each call
+    (``session.force_spinning_stop``, this class's setting until 2026-11-29) made the next call wake them: on 2
+    Zen 4 cores a 2 x 288 int8 student took 3.3-7.4 ms at batch 1 with it, 1.9-2.3 ms without
+    (docs/benchmarks.md, "Two runtimes in one process"). Whatever runs right after a call shares the cores with the
+    spinning workers for a few milliseconds: `measure_latency` pauses before each sample for that.
     """
 
     def __init__(self, path: str | os.PathLike, *, threads: int | None = None, optimize: bool = True,
@@ -381,7 +382,6 @@ class OnnxModel:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads or torch.get_num_threads()
         opts.inter_op_num_threads = 1
-        opts.add_session_config_entry("session.force_spinning_stop", "1")
         # x86 CPUs without VNNI (AVX2, AVX-512F) compute u8s8 products in 16 bits, which saturate for weights outside
         # [-64, 63] (per-channel scales put many there): ONNX Runtime then switches those MatMuls to u8u8 (on an AVX2
         # machine a tiny model's error was 18x per-tensor's without it). A no-op where VNNI is present.
