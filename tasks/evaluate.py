@@ -168,7 +168,7 @@ def _add_latency(p: Params, task: str, results: dict[str, dict[str, Any]], sessi
     throughput_b..., speedup_b..."""
     import torch
 
-    from distillery.efficiency import measure_latency
+    from distillery.efficiency.latency import SERVED_CALLS, measure_latency
     from distillery.models import load_model
 
     head = task_kind(task).head
@@ -178,7 +178,8 @@ def _add_latency(p: Params, task: str, results: dict[str, dict[str, Any]], sessi
         timed = {**models, **bf16, **sessions} if device == "cpu" else models
         for batch in p.evaluation.latency_batch_sizes:
             table = measure_latency(timed, batch=batch, seq_len=p.evaluation.latency_seq_len, reps=10,
-                                    reference="teacher", device=device, precisions=dict.fromkeys(bf16, "bf16"))
+                                    calls=SERVED_CALLS, reference="teacher", device=device,
+                                    precisions=dict.fromkeys(bf16, "bf16"))
             for name, row in table.items():
                 target, suffix = name, ""
                 for form in FORMS:
