@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from distillery.efficiency.latency import SERVED_CALLS
 from distillery.errors import UserError
 from distillery.models import Dims
 
@@ -163,12 +164,10 @@ def _models(teacher, shapes: Iterable[Candidate], workdir: Path) -> tuple[dict, 
     return models, precisions, {name: num_parameters(model) for name, model in built.items()}
 
 
-def measured_timer(budget: Budget, *, reps: int = 10, warmup: int = 2, calls: int | None = None) -> Timer:
+def measured_timer(budget: Budget, *, reps: int = 10, warmup: int = 2, calls: int = SERVED_CALLS) -> Timer:
     """The real clock: every model interleaved with the others (`measure_latency`), median ms per batch over
-    ``calls`` consecutive calls per sample (`SERVED_CALLS`: as the evaluate stage times the chosen student)."""
-    from distillery.efficiency.latency import SERVED_CALLS, measure_latency
-
-    calls = calls or SERVED_CALLS
+    ``calls`` consecutive calls per sample (as the evaluate stage times the chosen student)."""
+    from distillery.efficiency.latency import measure_latency
 
     def timer(models: Mapping[str, Any], precisions: Mapping[str, str]) -> dict[str, float]:
         res = measure_latency(models, batch=budget.batch, seq_len=budget.seq_len, reps=reps, warmup=warmup,

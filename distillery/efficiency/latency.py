@@ -30,7 +30,8 @@ from distillery.precision import autocast, fast_attention
 #: consecutive calls per timed sample wherever a student is judged against a budget (the budget search and the
 #: evaluate stage time alike): each model is timed with its weights warm, as when it serves requests back to back. A
 #: single call after the pause before each sample also measures waking the runtime: on 2 Zen 4 cores an int8 student
-#: took 3.3 and 8.6 ms in two rounds timed so, 2.5 and 2.8 ms over 3 calls (docs/benchmarks.md, "Two runtimes in one process").
+#: took 3.3 and 8.6 ms in two rounds timed so, 2.5 and 2.8 ms over 3 calls (docs/benchmarks.md, "Two runtimes in
+#: one process").
 SERVED_CALLS = 3
 
 
