@@ -124,8 +124,8 @@ class PrunedInit(Section):
     teacher_layers: list[int] | Literal["auto"] = "auto"
     samples: int = Field(512, ge=1)
     #: what is cut: ``teacher`` (its layers, in one cut) or ``student``: this student at the teacher's width first,
-    #: from those layers through the recipe's task stage, then cut to the shape and fine-tuned on the gold labels
-    #: (`Recipe.run_task`; distillation before the cut instead of after it)
+    #: from those layers through the recipe's task stage, then cut to the shape and trained again (`Recipe.run_task`,
+    #: `Recipe.train_cut`: the gold labels, or TinyBERT's step 2; no layer-wise distillation after the cut)
     source: Literal["teacher", "student"] = "teacher"
 
     _distinct = field_validator("teacher_layers")(TeacherLayersInit._distinct.__func__)
@@ -526,9 +526,10 @@ class Recipe(Section):
                 f"shape gives {s.hidden}/{s.heads}/{s.intermediate}")
 
     def check_student(self, teacher: Dims, key: str) -> None:
-        """`check` this student. One cut from its wide twin (``init: {pruned: {source: student}}``) is fine-tuned
-        after the cut, not distilled: the twin (`wide_student`) must pass `check`, the shape must be a BERT cut
-        `distillery.pruning` can make from it, and no general stage may run (the task stage trains the twin)."""
+        """`check` this student. One cut from its wide twin (``init: {pruned: {source: student}}``) is not
+        distilled layer-wise after the cut (`train_cut`): the twin (`wide_student`) must pass `check`, the shape must
+        be a BERT cut `distillery.pruning` can make from it, and no general stage may run (the task stage trains the
+        twin)."""
         if not self.cuts_distilled_student:
             return self.check(teacher, key)
         s = self.student_dims(teacher, key)
@@ -677,10 +678,9 @@ class Recipe(Section):
     def run_task(self, ctx: TaskContext):
         """The task stage as the pipeline runs it: `task_stage`. With ``init: {pruned: {source: student}}``: first
         `wide_student` through `task_stage` (its runs under ``ctx.out / "wide"``), then its best run cut to this
-        shape (`distillery.pruning`, importance on the first ``init.samples`` training inputs), then the fine-tuning
-        grid on the gold labels: distillation before the cut, none after it (on CoLA a cut 3-layer student fine-tuned
-        scored as well as, or better than, the same cut through TinyBERT's two steps: docs/presets.md). A shape of the
-        teacher's width has nothing to cut: the twin is the student (a budget search's full-width candidates)."""
+        shape (`distillery.pruning`, importance on the first ``init.samples`` training inputs), then `train_cut`. A
+        shape of the teacher's width has nothing to cut: the twin is the student (a budget search's full-width
+        candidates)."""
         if not self.cuts_distilled_student:
             return self.task_stage(ctx)
         from distillery.pruning import measure_importance, prune_teacher
@@ -697,7 +697,13 @@ class Recipe(Section):
             importance = measure_importance(model, sample_batches(train, ctx.tokenizer, self.init.samples), layers)
             return prune_teacher(model, layers, hidden=shape.hidden, heads=shape.heads,
                                  intermediate=shape.intermediate, importance=importance)
-        return finetune_grid(ctx, with_student_dropout(cut, ctx), ctx.out / "grid"), None
+        return self.train_cut(ctx, with_student_dropout(cut, ctx)), None
+
+    def train_cut(self, ctx: TaskContext, cut: Callable[[], Any]):
+        """What trains the student cut from its distilled twin (``init: {pruned: {source: student}}``): the
+        fine-tuning grid on the gold labels (the cut's hidden states are narrower than the teacher's, which a layer-wise
+        objective of the recipe may not compare)."""
+        return finetune_grid(ctx, cut, ctx.out / "grid")
 
     def direct_stage(self, ctx: TaskContext):
         """The same student trained without a teacher (TinyBERT's BERT-small row): its architecture and
