@@ -114,7 +114,8 @@ class TinyBertRecipe(Recipe):
         return self.step2(ctx, lambda: ctx.load(step1)), step1 / "train_log.csv"
 
     def step2(self, ctx: TaskContext, start):
-        """Step 2: prediction-layer distillation (eq. 10) of ``start`` over the grid, on the augmented set."""
+        """Step 2: prediction-layer distillation (eq. 10) of ``start`` over the grid, on the augmented set (with
+        ``augmentation``)."""
         return prediction_stage(self, ctx, start, ctx.out / "grid", augmented=self.augmentation)
 
     def train_cut(self, ctx: TaskContext, cut):
