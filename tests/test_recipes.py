@@ -475,7 +475,6 @@ def test_a_student_cut_from_its_distilled_wide_twin(tok, tmp_path, monkeypatch):
             Dims.of_config(teacher.config), "students.s")
 
 
-
 def test_a_tinybert_cut_goes_through_step_2_again(monkeypatch, tmp_path):
     """TinyBERT's cut of its distilled twin is trained by step 2 (prediction-layer distillation from the teacher, on
     the augmented set: CoLA 19.0 MCC over 3 seeds against 16.3 fine-tuned on the gold labels), not by the gold
@@ -508,6 +507,7 @@ def test_a_tinybert_cut_goes_through_step_2_again(monkeypatch, tmp_path):
     monkeypatch.setattr(pruning, "prune_teacher", lambda model, layers, **shape: ("cut", model, shape["hidden"]))
     teacher = SimpleNamespace(config=transformers.BertConfig(num_hidden_layers=4, hidden_size=32,
                                                              num_attention_heads=2, intermediate_size=64))
+
     @dataclass(frozen=True)
     class Loading(TaskContext):
         def load(self, path):
