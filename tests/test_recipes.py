@@ -22,6 +22,7 @@ from distillery.recipes import (
     TinyBertRecipe,
     official_teacher_layers,
 )
+from distillery.recipes.pkd import PKDRecipe
 from distillery.training.distill import distill
 from distillery.training.spec import TrainRun
 from distillery.training.log import read_log
@@ -222,6 +223,26 @@ def test_distilbert_init_has_the_teachers_layers(tok):
     assert torch.equal(student.distilbert.embeddings.word_embeddings.weight, teacher.bert.embeddings.word_embeddings.weight)
     assert torch.equal(student.vocab_transform.weight, teacher.cls.predictions.transform.dense.weight)
     assert official_teacher_layers(12, 6) == [0, 2, 4, 7, 9, 11]  # the released DistilBERT's choice
+
+
+@pytest.mark.parametrize("recipe, options, layers", [
+    (TinyBertRecipe, {}, [1, 3, 5]),  # what its uniform map aligns student layers 0, 1, 2 with
+    (TinyBertRecipe, {"layer_map": "top"}, [3, 4, 5]),
+    (DistilBertRecipe, {}, [0, 3, 5]),  # evenly spread, the first and the last kept
+    (PKDRecipe, {}, [0, 1, 2]),  # the paper's first k
+])
+def test_teacher_layers_auto_is_the_recipes_choice_for_layer_and_pruned_inits(tok, recipe, options, layers):
+    teacher = transformers.BertModel(bert_config(tok.vocab_size, 6, hidden=32, heads=2)).eval()
+    shape = {"layers": 3, "hidden": 32, "heads": 2, "intermediate": 64}
+    whole = recipe(shape=shape, init="teacher_layers", **options)
+    cut = recipe(shape={**shape, "intermediate": 32}, init="pruned", **options)
+    assert whole.teacher_layers(6, 3) == cut.teacher_layers(6, 3) == layers
+    student = whole.start_student(teacher, tok, head="base")
+    pruned = cut.start_student(teacher, tok, head="base", data=encoded(tok, 8, seed=1))
+    for j, i in enumerate(layers):
+        t = teacher.encoder.layer[i].attention.self.query.weight
+        assert torch.equal(student.encoder.layer[j].attention.self.query.weight, t)
+        assert torch.equal(pruned.encoder.layer[j].attention.self.query.weight, t)  # full width: every head kept
 
 
 # ------------------------------------------------------------------------------------------------ training

@@ -459,7 +459,7 @@ class Recipe(Section):
                               "teacher_layers: auto) or set general_distillation: false")
         if self.init.kind in LAYER_INITS and self.init.teacher_layers != "auto":
             raise RecipeError(f"{key}.init.teacher_layers: a budgeted student's depth is searched; give 'auto' (the "
-                              "teacher's layers spread evenly over the chosen depth)")
+                              "recipe's teacher layers for the chosen depth)")
         self.budget_shapes(teacher, key)
 
     def budget_shapes(self, teacher: Dims, key: str) -> list[dict[str, int]]:
@@ -612,8 +612,7 @@ class Recipe(Section):
             student = self.pruned_student(teacher, sample_batches(data, tokenizer, self.init.samples), head=head,
                                           num_labels=head_kwargs.get("num_labels", 2))
         elif self.init.kind == "teacher_layers":
-            layers = self.init.teacher_layers
-            layers = official_teacher_layers(num_layers(teacher), shape.layers) if layers == "auto" else list(layers)
+            layers = self.teacher_layers(num_layers(teacher), shape.layers)
             student = init_from_teacher_layers(teacher, layers, head=head,
                                                arch="distilbert" if shape.arch == "distilbert" else "same")
         else:
@@ -623,6 +622,15 @@ class Recipe(Section):
             setattr(student.config, k, v)
         return student
 
+    def teacher_layers(self, n_teacher: int, n_student: int) -> list[int]:
+        """The teacher layers (0-based) a layer init copies: ``init.teacher_layers``, or `auto_teacher_layers`."""
+        layers = self.init.teacher_layers
+        return self.auto_teacher_layers(n_teacher, n_student) if layers == "auto" else list(layers)
+
+    def auto_teacher_layers(self, n_teacher: int, n_student: int) -> list[int]:
+        """``teacher_layers: auto``: `official_teacher_layers` (evenly spread, the first and the last kept)."""
+        return official_teacher_layers(n_teacher, n_student)
+
     def pruned_student(self, teacher, batches, *, head: str, num_labels: int):
         """``init: pruned``: the teacher pruned to ``shape`` (`distillery.pruning`), importance measured on `batches`
         (the first ``init.samples`` rows of the stage's inputs)."""
@@ -630,8 +638,7 @@ class Recipe(Section):
         from distillery.pruning import measure_importance, prune_teacher
 
         shape = self.shape.resolve()
-        layers = self.init.teacher_layers
-        layers = official_teacher_layers(num_layers(teacher), shape.layers) if layers == "auto" else list(layers)
+        layers = self.teacher_layers(num_layers(teacher), shape.layers)
         importance = measure_importance(teacher, batches, layers)
         return prune_teacher(teacher, layers, hidden=shape.hidden, heads=shape.heads, intermediate=shape.intermediate,
                              importance=importance, head=head)

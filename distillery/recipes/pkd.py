@@ -84,13 +84,9 @@ class PKDRecipe(Recipe):
         if s.layers < 2 and "patient_loss" in self.weights.active():
             raise RecipeError(f"{key}.shape: a 1-layer student has no intermediate layer for patient_loss")
 
-    def start_student(self, teacher, tokenizer, *, head: str = "base", data=None, **head_kwargs: Any):
+    def auto_teacher_layers(self, n_teacher: int, n_student: int) -> list[int]:
         """``teacher_layers: auto`` means the first k layers here (the paper), not DistilBERT's spread."""
-        if self.init.kind == "teacher_layers" and self.init.teacher_layers == "auto":
-            first = TeacherLayersInit(teacher_layers=list(range(self.shape.resolve().layers)))
-            return Recipe.start_student(self.model_copy(update={"init": first}), teacher, tokenizer, head=head,
-                                        **head_kwargs)
-        return super().start_student(teacher, tokenizer, head=head, data=data, **head_kwargs)
+        return list(range(n_student))
 
     def task_stage(self, ctx: TaskContext):
         """Patient distillation over the fine-tuning grid; the teacher runs on every batch (its hidden states). With

@@ -68,6 +68,12 @@ class TinyBertRecipe(Recipe):
 
         return build_layer_map(self.layer_map, n_student, n_teacher)
 
+    def auto_teacher_layers(self, n_teacher: int, n_student: int) -> list[int]:
+        """``teacher_layers: auto``: the teacher layers the layer map aligns the student's with (uniform, 6 -> 3: 1, 3,
+        5; 6 -> 4: 1, 2, 4, 5), so step 1 starts each student layer from the layer it is to imitate, as the local and
+        squad presets' students do by hand (the spread of `official_teacher_layers` gives 0, 3, 5)."""
+        return list(self.map_layers(n_student, n_teacher).teacher_layers)
+
     def layer_wise_spec(self, n_student: int, n_teacher: int, projection=None):
         return super().layer_wise_spec(n_student, n_teacher, projection).with_(
             per_layer_projection=self.per_layer_projection)
