@@ -499,7 +499,8 @@ def test_a_student_cut_from_its_distilled_wide_twin(tok, tmp_path, monkeypatch):
 def test_a_tinybert_cut_goes_through_step_2_again(monkeypatch, tmp_path):
     """TinyBERT's cut of its distilled twin is trained by step 2 (prediction-layer distillation from the teacher, on
     the augmented set: CoLA 19.0 MCC over 3 seeds against 16.3 fine-tuned on the gold labels), not by the gold
-    fine-tuning grid the other recipes give it; the twin goes through steps 1 and 2 under wide/ first."""
+    fine-tuning grid the other recipes give it; the twin goes through steps 1 and 2 under wide/ first, and both step
+    2 grids read one cache of the teacher's logits."""
     from dataclasses import dataclass
     from types import SimpleNamespace
 
@@ -518,7 +519,7 @@ def test_a_tinybert_cut_goes_through_step_2_again(monkeypatch, tmp_path):
                         or ctx.out / "intermediate" / "model")
 
     def prediction(recipe, ctx, start, out, augmented=False):
-        steps.append(("step 2", start(), augmented, out))
+        steps.append(("step 2", start(), augmented, out, ctx.logits_cache))
         return result(out)
 
     monkeypatch.setattr(tinybert, "prediction_stage", prediction)
@@ -541,9 +542,10 @@ def test_a_tinybert_cut_goes_through_step_2_again(monkeypatch, tmp_path):
     grid, curve = recipe.run_task(ctx)
     wide = tmp_path / "wide"
     twin_best = wide / "grid" / "lr0.0001-bs32" / "model"
+    cache = tmp_path / "teacher_logits"  # one cache of the teacher's logits for both: the same teacher and inputs
     assert steps == [("step 1", "teacher layers", True),
-                     ("step 2", f"loaded {wide / 'intermediate' / 'model'}", True, wide / "grid"),
-                     ("step 2", ("cut", f"loaded {twin_best}", 16), True, tmp_path / "grid")]
+                     ("step 2", f"loaded {wide / 'intermediate' / 'model'}", True, wide / "grid", cache),
+                     ("step 2", ("cut", f"loaded {twin_best}", 16), True, tmp_path / "grid", cache)]
     assert grid.best_dir == tmp_path / "grid" / "lr0.0001-bs32" / "model" and curve is None
 
 

@@ -267,6 +267,9 @@ class TaskContext:
     #: the pre-trained teacher the student-level stages read (a model directory or Hub id): where a student that runs
     #: a general stage from teacher layers starts, so its direct baseline starts there too
     pretrained: Any = None
+    #: where prediction-layer grids cache the teacher's logits (None: each grid's own ``teacher_logits``); one folder
+    #: for the grids of one stage that distil from the same teacher (a twin and its cut, `Recipe.run_task`)
+    logits_cache: Path | None = None
 
     def load(self, path: Path):
         """A saved student of the task (its head, the task's label settings)."""
@@ -695,6 +698,7 @@ class Recipe(Section):
         twin, shape = self.wide_student(Dims.of_config(ctx.teacher.config)), self.shape.resolve()
         if twin.shape.resolve() == shape:
             return twin.task_stage(ctx)
+        ctx = replace(ctx, logits_cache=ctx.logits_cache or ctx.out / "teacher_logits")  # the twin's, for the cut too
         wide, _ = twin.task_stage(replace(ctx, out=ctx.out / "wide"))
         train = ctx.data(False)[0]
 
@@ -811,6 +815,8 @@ def prediction_stage(recipe: Recipe, ctx: TaskContext, student, out: Path, *, au
     pr = ctx.sections.prediction
     train, dev = ctx.data(augmented)
     grid, run = ctx.grid(pr)
+    if ctx.logits_cache is not None:
+        grid = replace(grid, cache_dir=ctx.logits_cache)
     spec = DistillSpec(ObjectiveWeights({"prediction_loss": 1.0}), "prediction",
                        options=recipe.loss_options(temperature=pr.temperature, regression_target=pr.regression_target))
     return prediction_grid(ctx.teacher, student, spec, run.with_(output_dir=out, train_dataset=train, eval_dataset=dev),
