@@ -89,8 +89,9 @@ def run_search(p: Params, student: str) -> dict[str, Any]:
             f"examples per task: mean dev retention {mean:.3f}")
         return mean
 
-    say(f"search[{student}]: {len(keep)} of {len(timed)} candidates meet the budget; "
-        + (f"{len(final)} enter the halving: " if len(final) > 1 else "the largest, untrained: ") + ", ".join(f"{t.candidate.name} ({t.ms:.2f} ms)" for t in final))
+    which = f"{len(final)} enter the halving" if len(final) > 1 else "the largest, untrained"
+    say(f"search[{student}]: {len(keep)} of {len(timed)} candidates meet the budget; {which}: "
+        + ", ".join(f"{t.candidate.name} ({t.ms:.2f} ms)" for t in final))
     winner, rounds = successive_halving(list(by_name), score, spec.train_examples)
     best = by_name[winner]
     limit = budget.limit_ms(teacher_ms)
