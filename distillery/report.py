@@ -334,7 +334,7 @@ def search_plot(candidates: list[Mapping[str, Any]], teacher_ms: float, limit_ms
                 path: Path) -> Path:
     """A budget search at a glance: every candidate's measured latency (a tick on the axis below; those over the
     budget grey), the trained ones at their last round's mean dev retention, the teacher at 100 %, the budget's limit,
-    the front of the trained ones and the winner. ``candidates``: rows with name, form, ms, meets_budget, scores."""
+    the front of the trained ones and the winner (circled among the timed ones when it was chosen untrained). ``candidates``: rows with name, form, ms, meets_budget, scores."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -363,6 +363,12 @@ def search_plot(candidates: list[Mapping[str, Any]], teacher_ms: float, limit_ms
     if best is not None:
         ax.scatter([best["ms"]], [100 * best["scores"][-1]], s=260, facecolors="none", edgecolors="red", linewidths=2,
                    zorder=5, label=f"chosen: {winner}")
+    elif (chosen := next((c for c in candidates if c["name"] == winner), None)) is not None:
+        # chosen without a training round (one finalist): circled where it was timed
+        rug.scatter([chosen["ms"]], [list(colours).index(chosen["form"])], s=160, facecolors="none", edgecolors="red",
+                    linewidths=2, zorder=5)
+        ax.scatter([], [], s=160, facecolors="none", edgecolors="red", linewidths=2,
+                   label=f"chosen, untrained: {winner}")
     for a in (ax, rug):
         a.axvline(limit_ms, color="red", linestyle=":", linewidth=1)
     ax.plot([], [], color="red", linestyle=":", linewidth=1, label=f"budget: <= {limit_ms:.2f} ms")
