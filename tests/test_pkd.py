@@ -180,7 +180,8 @@ def test_the_extra_step_on_the_augmented_set_follows_patient_distillation(tok, t
 
     ctx = SimpleNamespace(student="pkd", task="demo", teacher=teacher, tokenizer=tok, labels={"num_labels": 2},
                           head="sequence-classification", data=data, out=tmp_path / "student", sections=sections,
-                          general=None, pretrained=None, grid=lambda section: (grid, template), load=load)
+                          general=None, pretrained=None, logits_cache=None, grid=lambda section: (grid, template),
+                          load=load)
     recipe = PKD(shape={"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64}, task_distillation="augmented")
     assert recipe.uses_augmented_data and recipe.loss_options(temperature=1.0).temperature == 1.0
     assert recipe.loss_options().temperature == recipe.temperature == 10.0
