@@ -334,7 +334,8 @@ def search_plot(candidates: list[Mapping[str, Any]], teacher_ms: float, limit_ms
                 path: Path) -> Path:
     """A budget search at a glance: every candidate's measured latency (a tick on the axis below; those over the
     budget grey), the trained ones at their last round's mean dev retention, the teacher at 100 %, the budget's limit,
-    the front of the trained ones and the winner (circled among the timed ones when it was chosen untrained). ``candidates``: rows with name, form, ms, meets_budget, scores."""
+    the front of the trained ones and the winner (circled among the timed ones when it was chosen untrained).
+    ``candidates``: rows with name, form, ms, meets_budget, scores."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
