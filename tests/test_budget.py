@@ -70,6 +70,27 @@ def test_the_budget_keeps_the_candidates_the_clock_puts_under_it():
     assert all(t.ms <= 6 for t in within_budget(timed, teacher_ms, Budget(speedup=3, latency_ms=6)))
 
 
+def test_int8_candidates_are_timed_in_fresh_sessions_and_keep_the_median(tmp_path):
+    teacher = tiny_teacher()
+    cands = candidates(Dims.of_config(teacher.config), depths=[1], width_fractions=(1,), ffn_ratios=(1,),
+                       forms=("fp32", "int8"))
+    seen: list[dict] = []
+    draws = iter([9.0, 2.0, 5.0])  # one int8 figure per session: the median is 5, the first 9, the least 2
+
+    def timer(models, precisions):
+        seen.append(dict(models))
+        return {"teacher": 60.0, "1x32-h4-f64-fp32": 30.0 + len(seen), "1x32-h4-f64-int8": next(draws)}
+
+    teacher_ms, timed = time_candidates(teacher, cands, Budget(speedup=2), timer=timer, workdir=tmp_path)
+    assert len(seen) == 3 and teacher_ms == 60
+    assert {t.candidate.name: t.ms for t in timed} == {"1x32-h4-f64-int8": 5.0, "1x32-h4-f64-fp32": 32.0}
+    sessions = [m["1x32-h4-f64-int8"] for m in seen]
+    assert len({id(s) for s in sessions}) == 3 and len({s.path for s in sessions}) == 1  # fresh sessions, one file
+    assert all(m["teacher"] is teacher and m["1x32-h4-f64-fp32"] is seen[0]["1x32-h4-f64-fp32"] for m in seen)
+    with pytest.raises(BudgetError):
+        time_candidates(teacher, cands, Budget(speedup=2), timer=timer, sessions=0)
+
+
 def test_a_budget_no_candidate_meets_names_the_budget_and_the_fastest():
     teacher = tiny_teacher()
     cands = candidates(Dims.of_config(teacher.config), depths=[2, 3], forms=("fp32",))

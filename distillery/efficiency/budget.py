@@ -16,6 +16,7 @@ and/or a latency in milliseconds, at one batch size and sequence length.
 
 from __future__ import annotations
 
+import statistics
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,16 +179,30 @@ def measured_timer(budget: Budget, *, reps: int = 10, warmup: int = 2, calls: in
 
 
 def time_candidates(teacher, cands: Sequence[Candidate], budget: Budget, *, timer: Timer | None = None,
-                    workdir: str | Path | None = None) -> tuple[float, list[Timed]]:
+                    workdir: str | Path | None = None, sessions: int = 3) -> tuple[float, list[Timed]]:
     """(the fp32 teacher's median ms, every candidate timed), fastest first. ``teacher``: the teacher model (its
     config gives the students' architecture; its weights are timed as they are). Forms the machine cannot serve
-    (bf16 without fast bf16) must have been left out of ``cands`` (`available_forms`)."""
+    (bf16 without fast bf16) must have been left out of ``cands`` (`available_forms`).
+
+    ``sessions``: the timer runs that many times, every int8 candidate in a fresh ONNX Runtime session of its file
+    each time, and each model keeps the median of its figures. Sessions of one file time differently: on 2 Zen 4
+    cores three of a 3 x 288 FFN 576 student timed side by side took 3.45, 4.38 and 4.48 ms (docs/presets.md, "What
+    the seed moves"), as far apart as the shapes near a 5x limit, so one session made the shape chosen a draw."""
     if not cands:
         raise BudgetError("no candidate shapes to time")
+    if sessions < 1:
+        raise BudgetError(f"sessions must be >= 1, got {sessions}")
+    from distillery.efficiency.export import OnnxModel
+
     timer = timer or measured_timer(budget)
     with tempfile.TemporaryDirectory(prefix="distillery-budget-") as tmp:
         models, precisions, params = _models(teacher, cands, Path(workdir or tmp))
-        ms = timer(models, precisions)
+        figures = [timer(models, precisions)]
+        for _ in range(sessions - 1):
+            models = {name: OnnxModel(m.path, vocab_size=m.vocab_size) if isinstance(m, OnnxModel) else m
+                      for name, m in models.items()}
+            figures.append(timer(models, precisions))
+    ms = {name: statistics.median(f[name] for f in figures) for name in figures[0]}
     teacher_ms = float(ms["teacher"])
     timed = [Timed(c, float(ms[c.name]), teacher_ms / float(ms[c.name]), params[c.shape_name]) for c in cands]
     return teacher_ms, sorted(timed, key=lambda t: t.ms)
