@@ -5,8 +5,8 @@ Models have random weights (speed does not depend on them). Runtimes per model: 
 PyTorch dynamic int8, ONNX Runtime fp32 (graph optimisations on), ONNX Runtime fp32 after the
 transformer optimiser (fused attention), ONNX Runtime int8 (dynamic quantisation of the latter: weights per output
 channel, what the pipeline deploys (`int8_export`), and per tensor; and of the unfused graph). Each timed sample is
-the mean of `--calls` back-to-back calls of one model (its weights in cache, as when serving), and the models
-alternate between samples.
+at least `--min-sample-ms` of back-to-back calls of one model (its weights in cache, as when serving), and the
+models alternate between samples in paired rounds; speedups are the median of the per-round ratios.
 The last line is `speedup: <ratio>`: the fastest TinyBERT4 variant against PyTorch fp32 BERT-base.
 """
 
@@ -42,8 +42,8 @@ def main(argv: list[str] | None = None) -> float:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--calls", type=int, default=5,
-                    help="back-to-back calls per timed sample (weights in cache, as when serving)")
+    ap.add_argument("--min-sample-ms", type=float, default=30.0,
+                    help="each timed sample is at least this many ms of back-to-back calls (weights in cache)")
     args = ap.parse_args(argv)
     print(f"CPU threads: {torch.get_num_threads()}  batch {args.batch}  sequence {args.seq}", flush=True)
     runners = {}
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> float:
             runners[f"{name} ort-int8-unfused"] = OnnxModel(unfused)
         ref = "bert-base pytorch-fp32"
         results = measure_latency(runners, batch=args.batch, seq_len=args.seq, reps=args.reps,
-                                  warmup=args.warmup, reference=ref, device="cpu", calls=args.calls)
+                                  warmup=args.warmup, reference=ref, device="cpu", min_sample_ms=args.min_sample_ms)
     print(latency_table(results), end="")
     tiny = {k: r for k, r in results.items() if k.startswith("tinybert4")}
     best = min(tiny.values(), key=lambda r: r.median_ms)

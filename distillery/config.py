@@ -339,6 +339,7 @@ class EvaluationSection(Section):
     latency: bool = True
     latency_batch_sizes: list[int] = Field(default_factory=lambda: [1, 32])
     latency_seq_len: int = Field(128, ge=8, le=512)
+    latency_rounds: int = Field(20, ge=3)  # paired rounds of every model and the teacher; speedups are their median
     export_onnx: bool = True  # ONNX + int8 (ONNX Runtime dynamic quantisation) of every student
 
     @field_validator("latency_batch_sizes")

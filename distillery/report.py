@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from distillery.efficiency.spread import describe_speedup
 from distillery.io import atomic_path, write_text
 
 METRIC_KEYS = ("accuracy", "f1", "mcc", "pearson", "spearman")
@@ -62,9 +63,9 @@ def verdicts(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], students: l
         line = f"{task}: best student {best} {scored[best]:.4f}" + (
             f" = {kept:.2f} of the teacher's {t_score:.4f}" if kept is not None else f" (teacher {t_score:.4f})")
         if isinstance(row.get("speedup_b1"), (int, float)):
-            line += f", {row['speedup_b1']:.1f}x faster at batch 1"
+            line += f", {_speed(row, '_b1', 'faster at batch 1')}"
             if isinstance(row.get("speedup_b1_int8"), (int, float)):
-                line += f" ({row['speedup_b1_int8']:.1f}x in int8)"
+                line += f" ({_speed(row, '_b1_int8', 'in int8')})"
         gains = {s: models[s]["gain_over_direct"] for s in scored
                  if isinstance(models[s].get("gain_over_direct"), (int, float))}
         if best in gains:
@@ -72,6 +73,15 @@ def verdicts(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], students: l
                      f"{sum(g > 0 for g in gains.values())} of {len(gains)} students beat their direct baseline")
         lines.append(line)
     return lines
+
+
+def _speed(row: Mapping[str, Any], suffix: str, what: str) -> str:
+    """"2.6x [2.5-2.7] faster at batch 1": a speedup with the 10th-90th percentiles of its paired rounds; "unresolved
+    [1.2-4.0x: a busy machine] faster at batch 1" when they spread too wide to say (`distillery.efficiency.spread`)."""
+    text = describe_speedup(*(row.get(f"{k}{suffix}") for k in ("speedup", "speedup_p10", "speedup_p90")))
+    if text.startswith("unresolved"):
+        text = text[:-1] + ": a busy machine]"
+    return f"{text} {what}"
 
 
 def retention(score: float, teacher_score: float) -> float | None:
@@ -148,6 +158,8 @@ def build_rows(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], *, latenc
     for name, value in (latency or {}).items():
         if name in models:
             models[name]["latency_ms"] = _latency_ms(value)
+            if isinstance(value, Mapping) and isinstance(value.get("speedup"), (int, float)):
+                models[name]["rounds"] = tuple(value.get(k) for k in ("speedup", "speedup_p10", "speedup_p90"))
     t_row = models.get(teacher) if teacher else None
     for row in models.values():
         scores = row["scores"]
@@ -155,7 +167,9 @@ def build_rows(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], *, latenc
         # has no student) gets none rather than an average over fewer tasks beside the others'
         row["avg"] = sum(scores.values()) / len(scores) if scores and len(scores) == len(tasks) else None
         row["speedup"] = None
-        if t_row and t_row.get("latency_ms") and row.get("latency_ms"):
+        if row.get("rounds"):  # the median of paired rounds, with its spread
+            row["speedup"] = row["rounds"][0]
+        elif t_row and t_row.get("latency_ms") and row.get("latency_ms"):
             row["speedup"] = t_row["latency_ms"] / row["latency_ms"]
         row["retention"] = None
         if t_row and row is not t_row and row["is_student"]:  # the summary gives no retention without a teacher
@@ -187,6 +201,8 @@ def _cells(tasks: list[str], row: dict[str, Any]) -> list[str]:
     if row.get("below_direct"):
         name += f" (not above direct: {', '.join(row['below_direct'])})"
     speed = "-" if row["speedup"] is None else f"{row['speedup']:.1f}x"
+    if row.get("rounds") and None not in row["rounds"] and not row.get("is_teacher"):
+        speed = describe_speedup(*row["rounds"])
     return ([name, _count(row.get("params"), 1e6, "M"), _count(row.get("flops"), 1e9, "B"), speed]
             + [_pct(row["scores"].get(t)) for t in tasks] + [_pct(row["avg"]),
                "-" if row["retention"] is None else f"{100 * row['retention']:.1f}%"])
@@ -197,7 +213,8 @@ def _header(tasks: list[str]) -> list[str]:
 
 
 def _intro(tasks: list[str], rows: list[dict[str, Any]]) -> str:
-    text = ("Dev-set scores (x100), parameters, FLOPs per example and speedup over the teacher; "
+    text = ("Dev-set scores (x100), parameters, FLOPs per example and speedup over the teacher (the median of paired "
+            "rounds, [10th-90th percentile]; unresolved when they spread too wide to say); "
             "retention = student average / teacher average.")
     if any(r["model"] == "trivial" for r in rows):
         from distillery.task_kinds import task_kind

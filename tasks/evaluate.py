@@ -164,11 +164,12 @@ def _export(p: Params, task: str, student: str, data, result: dict[str, Any]):
 
 def _add_latency(p: Params, task: str, results: dict[str, dict[str, Any]], sessions: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Latency, throughput and speedup over the fp32 teacher on CPU (with the int8 ONNX sessions and each student's bf16
-    form, where `bf16_served`) and, when a GPU is present, again on it: keys latency_ms_b<batch>[_int8|_bf16][_cuda],
-    throughput_b..., speedup_b..."""
+    form, where `bf16_served`) and, when a GPU is present, again on it, in paired rounds (`measure_latency`): keys
+    latency_ms_b<batch>[_int8|_bf16][_cuda], throughput_b..., speedup_b... (the median of the per-round ratios) and
+    speedup_p10_b..., speedup_p90_b... (their spread)."""
     import torch
 
-    from distillery.efficiency.latency import SERVED_CALLS, measure_latency
+    from distillery.efficiency.latency import measure_latency
     from distillery.models import load_model
 
     head = task_kind(task).head
@@ -177,18 +178,19 @@ def _add_latency(p: Params, task: str, results: dict[str, dict[str, Any]], sessi
     for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
         timed = {**models, **bf16, **sessions} if device == "cpu" else models
         for batch in p.evaluation.latency_batch_sizes:
-            table = measure_latency(timed, batch=batch, seq_len=p.evaluation.latency_seq_len, reps=10,
-                                    calls=SERVED_CALLS, reference="teacher", device=device,
+            table = measure_latency(timed, batch=batch, seq_len=p.evaluation.latency_seq_len,
+                                    reps=p.evaluation.latency_rounds, reference="teacher", device=device,
                                     precisions=dict.fromkeys(bf16, "bf16"))
             for name, row in table.items():
                 target, suffix = name, ""
                 for form in FORMS:
                     if name.endswith(f"-{form}") and (name in sessions or name in bf16):
                         target, suffix = name[: -len(form) - 1], f"_{form}"
-                suffix += "" if device == "cpu" else f"_{device}"
-                results[target][f"latency_ms_b{batch}{suffix}"] = round(row.median_ms, 3)
-                results[target][f"throughput_b{batch}{suffix}"] = round(row.throughput, 1)
-                results[target][f"speedup_b{batch}{suffix}"] = round(row.speedup, 3)
+                suffix = f"_b{batch}{suffix}" + ("" if device == "cpu" else f"_{device}")
+                results[target].update({
+                    f"latency_ms{suffix}": round(row.median_ms, 3), f"throughput{suffix}": round(row.throughput, 1),
+                    f"speedup{suffix}": round(row.speedup, 3), f"speedup_p10{suffix}": round(row.speedup_p10, 3),
+                    f"speedup_p90{suffix}": round(row.speedup_p90, 3)})
     return results
 
 
@@ -202,8 +204,9 @@ def run_report(p: Params, _: str | None) -> dict[str, Any]:
     curves = {f.stem: f for f in sorted((paths.METRICS / "curves").glob("*.csv"))
               if _has_loss(f.read_text(encoding="utf-8"))}
     batch = min(p.evaluation.latency_batch_sizes)
-    latency = {m: r[f"latency_ms_b{batch}"] for task in summary.values() for m, r in task.items()
-               if f"latency_ms_b{batch}" in r}
+    latency = {m: {"median_ms": r[f"latency_ms_b{batch}"],
+                   **{k: r[f"{k}_b{batch}"] for k in ("speedup", "speedup_p10", "speedup_p90") if f"{k}_b{batch}" in r}}
+               for task in summary.values() for m, r in task.items() if f"latency_ms_b{batch}" in r}
     from distillery.precision import resolve
 
     used = resolve(p.precision)

@@ -96,19 +96,22 @@ def run_search(p: Params, student: str) -> dict[str, Any]:
     best = by_name[winner]
     limit = budget.limit_ms(teacher_ms)
     rows = [{"name": t.candidate.name, "shape": t.candidate.shape, "form": t.candidate.form, "ms": round(t.ms, 4),
-             "speedup": round(t.speedup, 3), "params": t.params, "meets_budget": t.ms <= limit,
+             "ms_p90": round(t.ms_high, 4), "speedup": round(t.speedup, 3), "speedup_p10": round(t.speedup_low, 3),
+             "params": t.params, "meets_budget": budget.met_by(t),
              "finalist": t in final, "scores": [r[t.candidate.shape_name] for r in rounds
                                                 if t in final and t.candidate.shape_name in r]} for t in timed]
     result = {"budget": budget.describe(), "limit_ms": round(limit, 4), "teacher_ms": round(teacher_ms, 4),
               "tasks": tasks, "teacher_scores": teachers, "rounds": rounds, "candidates": rows,
               "winner": {"shape": best.candidate.shape, "form": best.candidate.form, "ms": round(best.ms, 4),
-                         "speedup": round(best.speedup, 3), "params": best.params, "name": best.candidate.name}}
+                         "speedup": round(best.speedup, 3), "speedup_p10": round(best.speedup_low, 3),
+                         "params": best.params, "name": best.candidate.name}}
     out = paths.search(student)
     with atomic_dir(out) as tmp:
         write_json(tmp / "search.json", result)
         search_plot(rows, teacher_ms, limit, best.candidate.name, tmp / "pareto.png")
     say(f"search[{student}]: chosen {best.candidate.name}: {best.ms:.2f} ms, {best.speedup:.2f}x the fp32 "
-        f"teacher ({teacher_ms:.2f} ms), {best.params / 1e6:.2f} M parameters")
+        f"teacher ({teacher_ms:.2f} ms; at least {best.speedup_low:.2f}x in 9 of 10 rounds), "
+        f"{best.params / 1e6:.2f} M parameters")
     return {"metrics": {"teacher_ms": teacher_ms, "chosen_ms": best.ms, "chosen_speedup": best.speedup,
                         "chosen_params": best.params, "candidates_timed": len(timed),
                         "candidates_in_budget": sum(r["meets_budget"] for r in rows), "finalists": len(final),
@@ -137,6 +140,7 @@ def budget_lines(p: Params, summary: dict[str, Any]) -> list[str]:
     """One line per budgeted student and task: the shape and form its search chose, and what the evaluate stage
     measured of that form (retention, speedup at the budget's batch over the fp32 teacher, gain over the direct
     baseline)."""
+    from distillery.efficiency.spread import describe_speedup
     from distillery.report import retention, task_score
 
     lines = []
@@ -151,11 +155,12 @@ def budget_lines(p: Params, summary: dict[str, Any]) -> list[str]:
             if row is None or task_score(task, teacher) is None:
                 continue
             kept = retention(task_score(task, row), task_score(task, teacher))
-            speed = row.get(f"speedup_b{batch}")
+            speed = describe_speedup(*(row.get(f"{k}_b{batch}") for k in ("speedup", "speedup_p10", "speedup_p90")))
             gain = models.get(student, {}).get("gain_over_direct")
             lines.append(f"{task}: budget {found['budget']}: {student} is {w['name']} (the search's choice of "
-                         f"{len(found['candidates'])} timed, {w['speedup']:.1f}x there)"
+                         f"{len(found['candidates'])} timed, {w['speedup']:.1f}x there, "
+                         f"at least {w.get('speedup_p10', w['speedup']):.1f}x in 9 of 10 rounds)"
                          + (f", retention {kept:.2f}" if kept is not None else "")
-                         + (f", {speed:.1f}x the fp32 teacher in the evaluate stage" if speed is not None else "")
+                         + (f", {speed} the fp32 teacher in the evaluate stage" if speed != "-" else "")
                          + (f", {100 * gain:+.1f} points over its direct baseline (fp32)" if gain is not None else ""))
     return lines

@@ -113,7 +113,7 @@ def test_the_real_clock_times_every_form_of_random_weight_students(tmp_path):
     budget = Budget(latency_ms=1e6, seq_len=16)
     teacher_ms, timed = time_candidates(teacher, cands, budget, workdir=tmp_path)
     assert teacher_ms > 0 and {t.candidate.form for t in timed} == set(forms)
-    assert all(t.ms > 0 and t.speedup == pytest.approx(teacher_ms / t.ms) for t in timed)
+    assert all(t.ms > 0 and 0 < t.speedup_low <= t.speedup and t.ms_high >= t.ms for t in timed)
     assert (tmp_path / "1x32-h4-f64-int8.onnx").is_file()
     assert len(within_budget(timed, teacher_ms, budget)) == len(forms)
 

@@ -28,7 +28,73 @@ def test_callables_speedup_reflects_their_cost():
     assert fast.throughput == pytest.approx(4 / (fast.median_ms / 1000))
     assert slow.threads == torch.get_num_threads()
     table = latency_table(results)
-    assert "| fast | 4 |" in table and "x |" in table
+    assert "| fast | 4 |" in table and "x [" in table
+
+
+class FakeClock:
+    """time.perf_counter and time.sleep of the latency module, advanced only by the fake models' calls: the test's
+    figures do not depend on the machine's load."""
+
+    def __init__(self, monkeypatch):
+        import distillery.efficiency.latency as latency
+
+        self.now = 0.0
+        monkeypatch.setattr(latency.time, "perf_counter", lambda: self.now)
+        monkeypatch.setattr(latency.time, "sleep", lambda s: None)
+
+    def model(self, cost):
+        """A model whose call takes `cost()` seconds of the fake clock."""
+        def run():
+            self.now += cost()
+        return run
+
+
+def test_a_sample_is_tens_of_milliseconds_of_back_to_back_calls(monkeypatch):
+    """A call of 1 ms is timed as 30 of them in a row; one of 40 ms once per sample."""
+    clock = FakeClock(monkeypatch)
+    counts = {"short": 0, "long": 0}
+
+    def counted(name, seconds):
+        def cost():
+            counts[name] += 1
+            return seconds
+        return clock.model(cost)
+
+    res = measure_latency({"short": counted("short", 0.001), "long": counted("long", 0.04)}, reps=3, warmup=1,
+                          min_sample_ms=30)
+    assert res["short"].calls == 30 and res["long"].calls == 1
+    assert counts["short"] == 1 + 3 * 30 and counts["long"] == 1 + 3
+    assert res["short"].samples_ms == pytest.approx((1.0, 1.0, 1.0))
+
+
+def test_the_speedup_is_the_median_of_per_round_ratios_and_a_busy_machine_leaves_it_unresolved(monkeypatch):
+    """Each round's ratio pairs the two models of that round: a slow-down that hits both in one round (another
+    process) cancels out; one that hits only one of them in some rounds widens the spread until it is unresolved."""
+    from distillery.efficiency.spread import describe_speedup
+
+    clock = FakeClock(monkeypatch)
+    calls = [0]
+
+    def loaded(seconds):  # the two calls of one round (one each) see the same load: every other round twice as slow
+        def cost():
+            load = 2 if (calls[0] // 2) % 2 else 1
+            calls[0] += 1
+            return seconds * load
+        return clock.model(cost)
+
+    steady = measure_latency({"ref": loaded(0.004), "half": loaded(0.002)}, reps=8, warmup=0, min_sample_ms=0)
+    half = steady["half"]
+    assert half.speedup == pytest.approx(2.0) and half.speedup_p10 == pytest.approx(2.0) and half.resolved
+    assert half.samples_ms == pytest.approx((4, 2) * 4)  # the load moved the times, not the ratio
+    assert half.median_ms == pytest.approx(3.0) and steady["ref"].speedup == pytest.approx(1.0)
+    draws = iter([0.002, 0.006] * 20)
+    noisy = measure_latency({"ref": clock.model(lambda: 0.004), "jumpy": clock.model(lambda: next(draws))},
+                            reps=10, warmup=0, min_sample_ms=0)
+    jumpy = noisy["jumpy"]
+    assert not jumpy.resolved and jumpy.speedup_p10 < 1 < jumpy.speedup_p90
+    assert describe_speedup(jumpy.speedup, jumpy.speedup_p10, jumpy.speedup_p90).startswith("unresolved [")
+    assert describe_speedup(2.04, 1.98, 2.1) == "2.0x [2.0-2.1]"
+    assert jumpy.as_dict()["resolved"] is False
 
 
 def test_models_are_fed_inputs_of_the_requested_shape():

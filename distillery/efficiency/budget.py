@@ -2,9 +2,10 @@
 
 AutoTinyBERT (Yin et al., 2021) searches sub-architectures under a speedup constraint with a latency *predictor*
 trained on CPU timings; here every candidate is *timed* instead, on random weights (the weights do not change the
-time of a forward pass), interleaved with the teacher as the reference (`distillery.efficiency.latency`: warm-up,
-alternating order, median of the repetitions), so the figure is the one of this CPU, these threads and this
-runtime.
+time of a forward pass), in paired rounds with the teacher as the reference (`distillery.efficiency.latency`:
+warm-up, alternating order, samples of tens of milliseconds), so the figure is the one of this CPU, these threads and
+this runtime. A candidate meets a speedup bound when the low end (10th percentile) of its per-round ratios does, and a
+latency bound when its 90th-percentile latency does: one lucky median does not choose the shape.
 
 Candidates are students of the teacher's architecture that are shallower and/or narrower: depth x width (the
 teacher's head size kept, so the head count follows the width, as structured pruning of heads leaves it) x FFN
@@ -22,16 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from distillery.efficiency.latency import SERVED_CALLS
 from distillery.errors import UserError
 from distillery.models import Dims
 
 FORMS = ("fp32", "bf16", "int8")
 
 #: (models to time: name -> nn.Module or ONNX session, precisions: name -> "bf16" for the modules timed under bf16
-#: autocast) -> median milliseconds per batch of every name. The default times them (`measure_latency`); a test
-#: passes a fake clock.
-Timer = Callable[[Mapping[str, Any], Mapping[str, str]], Mapping[str, float]]
+#: autocast) -> milliseconds per batch of every name in each paired round (a sequence, round r of every name timed
+#: together; one number is one round). The default times them (`measure_latency`); a test passes a fake clock.
+Timer = Callable[[Mapping[str, Any], Mapping[str, str]], Mapping[str, "float | Sequence[float]"]]
 
 
 class BudgetError(UserError, ValueError):
@@ -68,6 +68,12 @@ class Budget:
             limits.append(self.latency_ms)
         return min(limits) * (1 - self.margin)
 
+    def met_by(self, timed: "Timed") -> bool:
+        """Whether a timed candidate meets every bound with the margin kept free, on the pessimistic end of its
+        rounds: the 10th percentile of its speedups, the 90th of its latencies."""
+        ok = self.speedup is None or timed.speedup_low * (1 - self.margin) >= self.speedup
+        return ok and (self.latency_ms is None or timed.ms_high <= self.latency_ms * (1 - self.margin))
+
     def describe(self) -> str:
         parts = ([f"speedup >= {self.speedup:g}x over the fp32 teacher"] if self.speedup is not None else []) + (
             [f"latency <= {self.latency_ms:g} ms"] if self.latency_ms is not None else [])
@@ -101,12 +107,21 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Timed:
-    """A candidate's measured median latency, its speedup over the fp32 teacher and its parameter count."""
+    """A candidate's measured median latency (and its 90th percentile over the rounds), its speedup over the fp32
+    teacher (the median of the per-round ratios, and their 10th percentile) and its parameter count."""
 
     candidate: Candidate
     ms: float
     speedup: float
     params: int
+    speedup_low: float = 0.0  # the 10th percentile of the per-round speedups
+    ms_high: float = 0.0  # the 90th percentile of the per-round latencies
+
+    def __post_init__(self) -> None:  # one round: its figures are their own bounds
+        if not self.speedup_low:
+            object.__setattr__(self, "speedup_low", self.speedup)
+        if not self.ms_high:
+            object.__setattr__(self, "ms_high", self.ms)
 
 
 def candidates(teacher: Dims, *, depths: Iterable[int] | None = None, width_fractions: Sequence[float] = (1, .75, .5),
@@ -165,17 +180,27 @@ def _models(teacher, shapes: Iterable[Candidate], workdir: Path) -> tuple[dict, 
     return models, precisions, {name: num_parameters(model) for name, model in built.items()}
 
 
-def measured_timer(budget: Budget, *, reps: int = 10, warmup: int = 2, calls: int = SERVED_CALLS) -> Timer:
-    """The real clock: every model interleaved with the others (`measure_latency`), median ms per batch over
-    ``calls`` consecutive calls per sample (as the evaluate stage times the chosen student)."""
+def measured_timer(budget: Budget, *, reps: int = 10, warmup: int = 2) -> Timer:
+    """The real clock: every model in paired rounds with the others (`measure_latency`, as the evaluate stage times
+    the chosen student); each name's milliseconds per batch in every round."""
     from distillery.efficiency.latency import measure_latency
 
-    def timer(models: Mapping[str, Any], precisions: Mapping[str, str]) -> dict[str, float]:
+    def timer(models: Mapping[str, Any], precisions: Mapping[str, str]) -> dict[str, list[float]]:
         res = measure_latency(models, batch=budget.batch, seq_len=budget.seq_len, reps=reps, warmup=warmup,
-                              reference="teacher", device="cpu", calls=calls, precisions=precisions)
-        return {name: r.median_ms for name, r in res.items()}
+                              reference="teacher", device="cpu", precisions=precisions)
+        return {name: list(r.samples_ms) for name, r in res.items()}
 
     return timer
+
+
+def _rounds(value: "float | Sequence[float]") -> list[float]:
+    return [float(value)] if isinstance(value, (int, float)) else [float(v) for v in value]
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    import numpy as np
+
+    return float(np.percentile(values, q))
 
 
 def time_candidates(teacher, cands: Sequence[Candidate], budget: Budget, *, timer: Timer | None = None,
@@ -185,9 +210,9 @@ def time_candidates(teacher, cands: Sequence[Candidate], budget: Budget, *, time
     (bf16 without fast bf16) must have been left out of ``cands`` (`available_forms`).
 
     ``sessions``: the timer runs that many times, every int8 candidate in a fresh ONNX Runtime session of its file
-    each time, and each model keeps the median of its figures. Sessions of one file time differently: on 2 Zen 4
-    cores three of a 3 x 288 FFN 576 student timed side by side took 3.45, 4.38 and 4.48 ms (docs/presets.md, "What
-    the seed moves"), as far apart as the shapes near a 5x limit, so one session made the shape chosen a draw."""
+    each time, and every round of every session counts: a candidate's median and spread are over all of them (its
+    speedup in a round is the teacher's time in that round over its own). Sessions of one file time differently, so
+    one session would make the shape chosen a draw."""
     if not cands:
         raise BudgetError("no candidate shapes to time")
     if sessions < 1:
@@ -202,9 +227,17 @@ def time_candidates(teacher, cands: Sequence[Candidate], budget: Budget, *, time
             models = {name: OnnxModel(m.path, vocab_size=m.vocab_size) if isinstance(m, OnnxModel) else m
                       for name, m in models.items()}
             figures.append(timer(models, precisions))
-    ms = {name: statistics.median(f[name] for f in figures) for name in figures[0]}
-    teacher_ms = float(ms["teacher"])
-    timed = [Timed(c, float(ms[c.name]), teacher_ms / float(ms[c.name]), params[c.shape_name]) for c in cands]
+    ms: dict[str, list[float]] = {name: [] for name in figures[0]}
+    ratios: dict[str, list[float]] = {name: [] for name in figures[0]}
+    for f in figures:
+        ref = _rounds(f["teacher"])
+        for name in ms:
+            mine = _rounds(f[name])
+            ms[name] += mine
+            ratios[name] += [r / m for r, m in zip(ref, mine) if m > 0]
+    teacher_ms = statistics.median(ms["teacher"])
+    timed = [Timed(c, statistics.median(ms[c.name]), statistics.median(ratios[c.name]), params[c.shape_name],
+                   speedup_low=_percentile(ratios[c.name], 10), ms_high=_percentile(ms[c.name], 90)) for c in cands]
     return teacher_ms, sorted(timed, key=lambda t: t.ms)
 
 
@@ -219,7 +252,7 @@ def within_budget(timed: Sequence[Timed], teacher_ms: float, budget: Budget) -> 
     """The candidates that meet the budget, largest first (most parameters: the best score expected), then fastest.
     None meets it: one `BudgetError` naming the budget and the fastest candidate's figure."""
     limit = budget.limit_ms(teacher_ms)
-    keep = [t for t in timed if t.ms <= limit]
+    keep = [t for t in timed if budget.met_by(t)]
     if not keep:
         fastest = min(timed, key=lambda t: t.ms)
         raise BudgetError(

@@ -1,21 +1,27 @@
-"""Latency and throughput of several models measured side by side in one process.
+"""Latency, throughput and speedup of several models measured side by side in one process.
 
 The headline speedups of the seeds (TinyBERT4 "9.4x faster", MobileBERT "5.5x", DistilBERT "60%
-faster") are wall-clock ratios against BERT-base. Here every model is timed interleaved
-(A B C A B C ...) after a warm-up, so that load from other processes and CPU frequency drift hit all
-of them alike; the median of the repetitions is reported. CPU runs use torch.get_num_threads()
-threads; on CUDA the device is synchronised around every call.
+faster") are wall-clock ratios against BERT-base. Here a speedup is a measurement with its spread:
+
+* every model is timed in paired rounds: each round times every model once, in alternating order (A B C, then
+  C B A), so load from other processes and CPU frequency drift hit all of them alike within a round;
+* a sample is long enough to be timed well: back-to-back calls for at least `min_sample_ms` (the number of calls is
+  calibrated per model after the warm-up), never one call after a pause, which times the runtime waking up;
+* a model's speedup is the median over the rounds of the reference's time over its own in that round, reported with
+  the 10th and 90th percentiles of those per-round ratios. When that spread is wider than `MAX_SPREAD` of the median
+  the machine was too busy to say: the result is marked unresolved and reports print the spread, not a figure.
 
 On a CPU, a runtime's worker threads go on spinning for a while after a call returns (ONNX Runtime's for tens of
 milliseconds, PyTorch's OpenMP threads for a few): timed right after another runtime, a model shares the cores with
-those threads. On 2 cores this doubled the fp32 teacher's time after an int8 ONNX session (96 ms against 41) and the
-session's after the teacher (20 ms against 9). So every CPU sample waits `settle_ms` before it starts: each model is
-timed as it is served, alone on the machine.
+those threads. So every CPU sample waits `settle_ms` before it starts: each model is timed as it is served, alone
+on the machine. CPU runs use torch.get_num_threads() threads; on CUDA the device is synchronised around every
+sample.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -25,34 +31,48 @@ import numpy as np
 import torch
 from torch import nn
 
+from distillery.efficiency.spread import describe_speedup, resolved, spread_of
 from distillery.precision import autocast, fast_attention
 
-#: consecutive calls per timed sample wherever a student is judged against a budget (the budget search and the
-#: evaluate stage time alike): each model is timed with its weights warm, as when it serves requests back to back. A
-#: single call after the pause before each sample also measures waking the runtime: on 2 Zen 4 cores an int8 student
-#: took 3.3 and 8.6 ms in two rounds timed so, 2.5 and 2.8 ms over 3 calls (docs/benchmarks.md, "Two runtimes in
-#: one process").
-SERVED_CALLS = 3
-
+#: the shortest timed sample, in milliseconds of back-to-back calls of one model (its calls per sample are calibrated
+#: to reach it): long against the clock's resolution and the scheduler's jitter, and the model's weights stay warm as
+#: when it serves requests back to back
+MIN_SAMPLE_MS = 30.0
 
 @dataclass(frozen=True)
 class LatencyResult:
-    """Timing of one model: median/mean/p90 latency per batch in milliseconds and throughput."""
+    """Timing of one model over paired rounds: its median, 10th- and 90th-percentile latency per batch (ms), its
+    throughput at the median, and its speedup over the reference: the median of the per-round ratios (the
+    reference's time over this model's in the same round) with their 10th and 90th percentiles."""
 
     name: str
     batch: int
     seq_len: int
-    reps: int
+    reps: int  # paired rounds
+    calls: int  # back-to-back calls per timed sample
     median_ms: float
-    mean_ms: float
+    p10_ms: float
     p90_ms: float
     throughput: float  # examples per second at the median latency
-    speedup: float | None  # reference median / this median; None without a reference
+    speedup: float | None  # median of the per-round ratios; None without a reference
+    speedup_p10: float | None
+    speedup_p90: float | None
     device: str
     threads: int
+    samples_ms: tuple[float, ...] = ()  # the model's time per batch in each round, in round order
+
+    @property
+    def spread(self) -> float | None:
+        """(p90 - p10) / median of the per-round speedups."""
+        return spread_of(self.speedup, self.speedup_p10, self.speedup_p90)
+
+    @property
+    def resolved(self) -> bool:
+        """Whether the rounds agree closely enough (`MAX_SPREAD`) for the speedup to be reported as a figure."""
+        return resolved(self.speedup, self.speedup_p10, self.speedup_p90)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "resolved": self.resolved}
 
 
 def _vocab_size(model: nn.Module) -> int:
@@ -115,26 +135,26 @@ def _runner(obj: Any, batch: int, seq_len: int, device: torch.device, precision:
 
 def measure_latency(models: Mapping[str, Any], *, batch: int = 1, seq_len: int = 128, reps: int = 20,
                     warmup: int = 3, reference: str | None = None,
-                    device: str | torch.device | None = None, calls: int = 1,
+                    device: str | torch.device | None = None, min_sample_ms: float = MIN_SAMPLE_MS,
                     precisions: Mapping[str, str] | None = None, settle_ms: float = 50.0) -> dict[str, LatencyResult]:
-    """Time every model interleaved in one process and return {name: LatencyResult}.
+    """Time every model in `reps` paired rounds in one process and return {name: LatencyResult} (module docstring).
 
     `models` values: an nn.Module (fed random (batch, seq_len) inputs drawn from its vocabulary), an
     onnxruntime.InferenceSession (fed the same shapes by input name), or a zero-argument callable
     that runs one batch (its batch size is taken to be `batch`). `reference` names the model the
     speedups are relative to (default: the first). `device` "cpu"/"cuda" (default: cuda if present,
-    only applied to nn.Modules). `calls`: consecutive calls per timed sample (their mean is the sample),
-    so each model is timed with its weights in cache, as when it serves requests back to back; the
-    models still alternate between samples. `precisions`: name -> "bf16" for the nn.Modules timed under bf16
-    autocast (`distillery.precision`; the same module may appear twice, once in each precision); the others are
-    timed in fp32 whatever precision is in force. `settle_ms`: on a CPU with more than one model, the pause before
-    each sample, so the threads of the runtime that ran before have stopped spinning (module docstring).
+    only applied to nn.Modules). `min_sample_ms`: each sample is that many milliseconds of back-to-back calls at
+    least (their mean is the sample; the calls per sample are calibrated per model on the warm-up, which is at least
+    one call). `precisions`: name -> "bf16" for the nn.Modules timed under bf16 autocast (`distillery.precision`;
+    the same module may appear twice, once in each precision); the others are timed in fp32 whatever precision is in
+    force. `settle_ms`: on a CPU with more than one model, the pause before each sample, so the threads of the
+    runtime that ran before have stopped spinning (module docstring).
     """
     if not models:
         raise ValueError("measure_latency needs at least one model")
-    if reps < 1 or warmup < 0 or calls < 1 or settle_ms < 0:
-        raise ValueError(f"reps and calls must be >= 1, warmup and settle_ms >= 0, got reps={reps}, calls={calls}, "
-                         f"warmup={warmup}, settle_ms={settle_ms}")
+    if reps < 1 or warmup < 0 or min_sample_ms < 0 or settle_ms < 0:
+        raise ValueError(f"reps must be >= 1, warmup, min_sample_ms and settle_ms >= 0, got reps={reps}, "
+                         f"warmup={warmup}, min_sample_ms={min_sample_ms}, settle_ms={settle_ms}")
     if reference is not None and reference not in models:
         raise KeyError(f"reference model {reference!r} is not among {sorted(models)}")
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -142,7 +162,7 @@ def measure_latency(models: Mapping[str, Any], *, batch: int = 1, seq_len: int =
     precisions = precisions or {}
     runners = {name: _runner(obj, batch, seq_len, dev, precisions.get(name, "fp32")) for name, obj in models.items()}
 
-    def timed(fn: Callable[[], Any]) -> float:
+    def timed(fn: Callable[[], Any], calls: int) -> float:
         if cuda:
             torch.cuda.synchronize(dev)
         t0 = time.perf_counter()
@@ -152,36 +172,44 @@ def measure_latency(models: Mapping[str, Any], *, batch: int = 1, seq_len: int =
             torch.cuda.synchronize(dev)
         return (time.perf_counter() - t0) / calls
 
-    for _ in range(warmup):
-        for fn in runners.values():
-            fn()
     settle = settle_ms / 1000 if not cuda and len(runners) > 1 else 0.0
+    calls: dict[str, int] = {}
+    for name, fn in runners.items():  # warm-up, the last call of which calibrates the sample's length
+        for _ in range(max(0, warmup - 1)):
+            fn()
+        time.sleep(settle)
+        once = timed(fn, 1)
+        calls[name] = max(1, min(10_000, math.ceil(min_sample_ms / 1000 / once))) if once > 0 else 10_000
     times: dict[str, list[float]] = {name: [] for name in runners}
     for r in range(reps):
         order = list(runners) if r % 2 == 0 else list(reversed(list(runners)))  # ABC CBA: no fixed position bias
         for name in order:
             time.sleep(settle)
-            times[name].append(timed(runners[name]))
+            times[name].append(timed(runners[name], calls[name]))
     ref_name = reference if reference is not None else next(iter(models))
-    ref_median = statistics.median(times[ref_name])
     threads = torch.get_num_threads()
     results = {}
     for name, ts in times.items():
         med = statistics.median(ts)
+        ratios = [ref / t for ref, t in zip(times[ref_name], ts) if t > 0]
+        speedup = low = high = None
+        if ratios:
+            speedup, low, high = (float(np.percentile(ratios, q)) for q in (50, 10, 90))
         results[name] = LatencyResult(
-            name=name, batch=batch, seq_len=seq_len, reps=reps, median_ms=1000 * med,
-            mean_ms=1000 * statistics.fmean(ts), p90_ms=1000 * float(np.percentile(ts, 90)),
+            name=name, batch=batch, seq_len=seq_len, reps=reps, calls=calls[name], median_ms=1000 * med,
+            p10_ms=1000 * float(np.percentile(ts, 10)), p90_ms=1000 * float(np.percentile(ts, 90)),
             throughput=batch / med if med > 0 else float("inf"),
-            speedup=ref_median / med if med > 0 else None, device=str(dev), threads=threads)
+            speedup=speedup, speedup_p10=low, speedup_p90=high, device=str(dev), threads=threads,
+            samples_ms=tuple(1000 * t for t in ts))
     return results
 
 
 def latency_table(results: Mapping[str, LatencyResult]) -> str:
     """A Markdown table of LatencyResults (one row per model)."""
-    lines = ["| model | batch | seq | median ms | p90 ms | examples/s | speedup |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| model | batch | seq | calls per sample | median ms | p10-p90 ms | examples/s | speedup (p10-p90) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results.values():
-        sp = f"{r.speedup:.1f}x" if r.speedup is not None else "-"
-        lines.append(f"| {r.name} | {r.batch} | {r.seq_len} | {r.median_ms:.2f} | {r.p90_ms:.2f} | "
-                     f"{r.throughput:.1f} | {sp} |")
+        sp = describe_speedup(r.speedup, r.speedup_p10, r.speedup_p90)
+        lines.append(f"| {r.name} | {r.batch} | {r.seq_len} | {r.calls} | {r.median_ms:.2f} | "
+                     f"{r.p10_ms:.2f}-{r.p90_ms:.2f} | {r.throughput:.1f} | {sp} |")
     return "\n".join(lines) + "\n"
