@@ -1,4 +1,4 @@
-"""The thread governor (issue 27 item 7): torch's thread count follows the cores other processes leave free."""
+"""The thread governor: torch's thread count follows the cores other processes leave free."""
 
 from __future__ import annotations
 
@@ -36,8 +36,25 @@ class Machine:
         self.busy += (own_cores + self.others) * seconds
 
 
+def test_threads_stay_as_they_were_unless_the_switch_is_on(monkeypatch, threads):
+    """Off by default: the thread count decides a kernel's summation order, so following the load would make two runs
+    differ (distillery.runtime)."""
+    machine = Machine(monkeypatch, cpus=4)
+    monkeypatch.delenv(runtime.SWITCH, raising=False)
+    torch.set_num_threads(2)
+    args = type("Args", (), {"device": torch.device("cpu")})()
+    cb = FreeCores()
+    cb.on_train_begin(args, None, None)
+    cb.on_step_end(args, None, None)
+    machine.others = 1.0
+    machine.advance(2.0, own_cores=1)
+    cb.on_step_end(args, None, None)
+    assert torch.get_num_threads() == 2 and cb.governor is None
+
+
 def test_threads_follow_free_cores(monkeypatch, threads):
     machine = Machine(monkeypatch, cpus=4)
+    monkeypatch.setenv(runtime.SWITCH, "1")
     torch.set_num_threads(4)
     gov = ThreadGovernor(every=1.0)
     assert gov.tick() == 4  # first look: nothing to compare with
@@ -81,6 +98,7 @@ def test_no_proc_stat_no_change(monkeypatch, threads):
 
 def test_callback_restores_threads(monkeypatch, threads):
     machine = Machine(monkeypatch, cpus=2)
+    monkeypatch.setenv(runtime.SWITCH, "1")
     torch.set_num_threads(2)
     args = type("Args", (), {"device": torch.device("cpu")})()
     cb = FreeCores()

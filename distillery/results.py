@@ -1,0 +1,106 @@
+"""The results log: every measured run one row, written from the run's own `metrics/summary.json`, never by hand.
+
+`docs/results.jsonl` holds the rows (one JSON object per run: date, commit, machine, command, wall time, and per task
+every model's main dev score and speedups at batch 1 with their spread); `docs/results.md` is rendered from it by
+:func:`render` (the tests check the two agree). A row is added with :func:`append_run` (``python -m benchmarks.demo
+--write`` does it for the demo).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any, Mapping
+
+from distillery.efficiency.spread import describe_speedup
+from distillery.io import write_text
+
+HEADER = ("# Results log\n\nEvery measured run, one row each, written from the run's `metrics/summary.json` by "
+          "`distillery.results.append_run` (`python -m benchmarks.demo --write` for the demo). Generated from "
+          "`results.jsonl`: do not edit by hand.\n")
+
+
+def machine() -> str:
+    """The CPU's model name as `lscpu` gives it, and its core count."""
+    import os
+
+    name = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name}, {os.cpu_count()} cores"
+
+
+def _commit(run_dir: Path) -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=run_dir, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def row_from_summary(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[str, Any]:
+    """task -> model -> {main, speedup_b1 [p10, p90], speedup_b1_int8 ...}: the figures a reader compares."""
+    tasks: dict[str, Any] = {}
+    for task, models in summary.items():
+        if task == "average":
+            continue
+        tasks[task] = {}
+        for name, r in models.items():
+            entry = {k: r[k] for k in ("main", "accuracy", "f1", "mcc", "pearson", "retention", "gain_over_direct")
+                     if isinstance(r.get(k), (int, float))}
+            for k in ("speedup_b1", "speedup_p10_b1", "speedup_p90_b1"):
+                if isinstance(r.get(k), (int, float)):
+                    entry[k] = r[k]
+            tasks[task][name] = entry
+    return tasks
+
+
+def append_run(md: str | Path, run_dir: str | Path, *, command: str, seconds: float) -> dict[str, Any]:
+    """Add the run in `run_dir` (its metrics/summary.json) to the log beside `md` (results.jsonl) and render `md`."""
+    run_dir, md = Path(run_dir), Path(md)
+    summary = json.loads((run_dir / "metrics" / "summary.json").read_text(encoding="utf-8"))
+    row = {"date": _dt.date.today().isoformat(), "commit": _commit(run_dir), "machine": machine(),
+           "command": command, "wall_s": round(seconds, 1), "tasks": row_from_summary(summary)}
+    log = md.with_suffix(".jsonl")
+    rows = read_log(log) + [row]
+    write_text(log, "".join(json.dumps(r) + "\n" for r in rows))
+    write_text(md, render(rows))
+    return row
+
+
+def read_log(path: str | Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _score(entry: Mapping[str, Any]) -> str:
+    for k in ("accuracy", "f1", "mcc", "pearson", "main"):
+        if isinstance(entry.get(k), (int, float)):
+            return f"{100 * entry[k]:.2f}"
+    return "-"
+
+
+def render(rows: list[Mapping[str, Any]]) -> str:
+    """The log as Markdown: per run a heading line and one table row per model."""
+    out = [HEADER]
+    for r in reversed(rows):  # newest first
+        out.append(f"\n## {r['date']} · {r['commit']} · {r['machine']}\n\n`{r['command']}`: {r['wall_s']:.0f} s\n")
+        for task, models in r["tasks"].items():
+            out.append(f"\n| {task} | dev score | retention | gain over direct | speedup b1 [p10-p90] |\n"
+                       "|---|---:|---:|---:|---:|\n")
+            for name, e in models.items():
+                kept = f"{e['retention']:.3f}" if "retention" in e else "-"
+                gain = f"{100 * e['gain_over_direct']:+.2f}" if "gain_over_direct" in e else "-"
+                speed = describe_speedup(e.get("speedup_b1"), e.get("speedup_p10_b1"), e.get("speedup_p90_b1"))
+                out.append(f"| {name} | {_score(e)} | {kept} | {gain} | {speed} |\n")
+    return "".join(out)

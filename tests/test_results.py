@@ -1,0 +1,51 @@
+"""The results log (`distillery.results`) and the demo check's comparisons (`benchmarks.demo`): a figure in the README
+comes from a run, and two runs agree or the check says where not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.demo import close, compare_lines, readme_line, split_line, with_readme_line
+from distillery.results import append_run, read_log, render
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SUMMARY = {"demo": {"teacher": {"accuracy": 0.985, "speedup_b1": 1.0, "speedup_p10_b1": 1.0, "speedup_p90_b1": 1.0},
+                    "s": {"accuracy": 0.9, "retention": 0.914, "gain_over_direct": 0.1, "speedup_b1": 2.6,
+                          "speedup_p10_b1": 2.5, "speedup_p90_b1": 2.7},
+                    "s-direct": {"accuracy": 0.8, "baseline_of": "s"}}}
+
+
+def test_a_run_becomes_a_row_of_the_log_and_the_page_is_rendered_from_the_rows(tmp_path):
+    run = tmp_path / "run"
+    (run / "metrics").mkdir(parents=True)
+    (run / "metrics" / "summary.json").write_text(json.dumps(SUMMARY))
+    md = tmp_path / "results.md"
+    row = append_run(md, run, command="python -m flows.pipeline", seconds=412.3)
+    append_run(md, run, command="python -m flows.pipeline", seconds=400.0)
+    rows = read_log(tmp_path / "results.jsonl")
+    assert len(rows) == 2 and rows[0] == row and row["tasks"]["demo"]["s"]["speedup_p10_b1"] == 2.5
+    text = md.read_text()
+    assert text == render(rows)
+    assert "| s | 90.00 | 0.914 | +10.00 | 2.6x [2.5-2.7] |" in text and "412 s" in text and "cores" in text
+
+
+def test_the_docs_results_page_is_the_rendering_of_its_log():
+    log = ROOT / "docs" / "results.jsonl"
+    if log.is_file():
+        assert (ROOT / "docs" / "results.md").read_text(encoding="utf-8") == render(read_log(log))
+
+
+def test_two_lines_agree_on_everything_but_speedups_within_ten_percent():
+    line = ("demo: best student s 0.9000 = 0.91 of the teacher's 0.9850, 2.6x [2.5-2.7] faster at batch 1 "
+            "(4.1x [3.9-4.3] in int8), +10.0 points over the same student without distillation; "
+            "5 of 5 students beat their direct baseline")
+    assert split_line(line)[1] == [2.6, 4.1]
+    assert compare_lines(line, line.replace("2.6x [2.5-2.7]", "2.8x [2.6-2.9]"), "x") == []
+    assert len(compare_lines(line, line.replace("2.6x [2.5-2.7]", "3.1x [3.0-3.2]"), "x")) == 1
+    assert len(compare_lines(line, line.replace("5 of 5", "4 of 5"), "x")) == 1
+    assert len(compare_lines(line, line.replace("4.1x [3.9-4.3]", "unresolved [1.2-8.0x: a busy machine]"), "x")) == 1
+    assert close(None, None) and not close(None, 2.0)
+    text = "intro <!-- demo-line -->`old`<!-- /demo-line --> outro"
+    assert readme_line(with_readme_line(text, line)) == line
