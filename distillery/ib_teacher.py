@@ -88,8 +88,8 @@ def ib_teacher_shape(student: StudentShape, init: str, shape: StudentShape | Non
     return converted_shape(student, teacher) if init == "convert" else scratch_shape(student, shape)
 
 
-#: Gain of a converted teacher's output bottleneck over the inter-block residual it adds (see `convert_bert`): that
-#: residual moves the layer's output by about 1 / GAIN of its norm.
+#: Gain of an exact converted teacher's output bottleneck over the inter-block residual it adds (see `convert_bert`):
+#: that residual moves the layer's output by about 1 / GAIN of its norm.
 GAIN = 1000.0
 
 
@@ -109,7 +109,7 @@ def _copy_(dst: nn.Module, src: nn.Module) -> None:
     dst.load_state_dict(src.state_dict())
 
 
-def convert_bert(bert: PreTrainedModel, student: StudentShape) -> PreTrainedModel:
+def convert_bert(bert: PreTrainedModel, student: StudentShape, *, exact: bool = True) -> PreTrainedModel:
     """A ``MobileBertForMaskedLM`` IB teacher from a ``BertForMaskedLM`` (see the module docstring; from a BERT with
     another head or none, the MLM head is not copied).
 
@@ -127,6 +127,12 @@ def convert_bert(bert: PreTrainedModel, student: StudentShape) -> PreTrainedMode
     identity so that the residual MobileBERT adds around each block (BERT has none) is drowned, and the last
     LayerNorm's affine is folded into the MLM transform. Otherwise the bottleneck linears start at random and the
     LayerNorms keep their defaults.
+
+    ``exact=False``: the bottleneck linears start as the identity (gain 1) and every LayerNorm keeps BERT's affine, so
+    MobileBERT's residual around each block is kept, not drowned: each inter-block map mixes the BERT layer's output
+    with the map below, as a MobileBERT block does, and the continued MLM training adapts the teacher to it. Its maps
+    are ones a student learning them from random layers (eq. 2) can make; the exact teacher's suit a student cut from
+    it, which inherits its function.
     """
     from distillery.models import Dims
 
@@ -146,7 +152,10 @@ def convert_bert(bert: PreTrainedModel, student: StudentShape) -> PreTrainedMode
         if square:
             for name in ("position_embeddings", "token_type_embeddings"):
                 _copy_(getattr(i_emb, name), getattr(b_emb, name))
-            _unit_(i_emb.LayerNorm)
+            if exact:
+                _unit_(i_emb.LayerNorm)
+            else:
+                _copy_(i_emb.LayerNorm, b_emb.LayerNorm)
             if cfg.trigram_input and cfg.embedding_size == d:  # [next, current, previous] -> current
                 w = i_emb.embedding_transformation.weight
                 w.zero_()
@@ -164,13 +173,17 @@ def convert_bert(bert: PreTrainedModel, student: StudentShape) -> PreTrainedMode
             _copy_(i_layer.bottleneck.input.LayerNorm, below)
             if square:
                 _identity_(i_layer.bottleneck.input.dense)
-                _unit_(i_layer.output.LayerNorm)
-                _identity_(i_layer.output.bottleneck.dense, GAIN)
-                _unit_(i_layer.output.bottleneck.LayerNorm)
+                _identity_(i_layer.output.bottleneck.dense, GAIN if exact else 1.0)
+                if exact:
+                    _unit_(i_layer.output.LayerNorm)
+                    _unit_(i_layer.output.bottleneck.LayerNorm)
             below = b_layer.output.LayerNorm
         i_head = ib.cls.predictions
         b_head = bert.cls.predictions if hasattr(bert, "cls") else None  # a task model: the MLM head stays as built
-        if square and b_head is not None:  # the transform reads gamma * z + beta in BERT, z here
+        if square and b_head is not None and not exact:
+            _copy_(i_head.transform.dense, b_head.transform.dense)
+            _copy_(i_head.transform.LayerNorm, b_head.transform.LayerNorm)
+        elif square and b_head is not None:  # the transform reads gamma * z + beta in BERT, z here
             dense = b_head.transform.dense
             i_head.transform.dense.weight.copy_(dense.weight * below.weight)
             i_head.transform.dense.bias.copy_(dense.bias + dense.weight @ below.bias)

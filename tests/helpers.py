@@ -141,6 +141,7 @@ MICRO = {
         "micro-mobilebert": {"recipe": "mobilebert", "shape": {"preset": "mobilebert-tiny", "layers": 2, "hidden": 32,
                                                                "heads": 2, "intermediate": 16, "intra": 8,
                                                                "embedding": 32}},
+        "micro-pkd": {"recipe": "pkd", "shape": {"layers": 1, "hidden": 32, "heads": 2, "intermediate": 64}},
         # a budget instead of a shape: the search stage times both 1-layer candidates of the teacher's width in int8,
         # trains them (the FFN 32 one cut from its distilled FFN 64 twin, which the other one is) and keeps one, which
         # the registry serves in int8
@@ -152,7 +153,7 @@ MICRO = {
     "task_distillation": {"intermediate": {"epochs": 1, "learning_rate": 1e-3, "batch_size": 32},
                           "prediction": {"learning_rates": [1e-3], "batch_sizes": [32], "epochs": 1},
                           "finetune": {"learning_rates": [1e-3], "batch_sizes": [32], "epochs": 1}},
-    "evaluation": {"latency_batch_sizes": [1], "latency_seq_len": 16},
+    "evaluation": {"latency_batch_sizes": [1], "latency_seq_len": 16, "latency_rounds": 5},
 }
 
 #: The TinyBERT student alone, at the smallest sizes: every kind of stage still runs for real (data, MLM

@@ -169,6 +169,14 @@ class MobileBertRecipe(Recipe):
     def _student_head(self) -> str:
         return "pretraining" if self.next_sentence_prediction else "mlm"
 
+    @property
+    def exact_conversion(self) -> bool:
+        """Whether the converted IB teacher computes exactly what the teacher computes (`distillery.ib_teacher.
+        convert_bert`): for a student cut from it, which inherits its function; a student that learns its feature maps
+        from random layers gets the teacher with MobileBERT's residual kept, maps its blocks can make
+        (docs/recipes/mobilebert.md)."""
+        return self.init.kind == "pruned"
+
     def ib_teacher_stage(self, ctx: StageContext) -> dict[str, Any]:
         """The IB-BERT teacher; logs the MLM loss of the original teacher, of the converted one before training and
         of the IB teacher (same masked sequences)."""
@@ -193,7 +201,7 @@ class MobileBertRecipe(Recipe):
         if self.ib_teacher.init == "convert":
             original = AutoModelForMaskedLM.from_pretrained(ctx.teacher)
             metrics["mlm_loss_original"] = mlm_loss(original)
-            model = convert_bert(original, shape)
+            model = convert_bert(original, shape, exact=self.exact_conversion)
             metrics["mlm_loss_converted"] = mlm_loss(model)
         else:
             spec = self.ib_teacher.shape
