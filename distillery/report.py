@@ -77,10 +77,11 @@ def verdicts(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], students: l
 
 def _speed(row: Mapping[str, Any], suffix: str, what: str) -> str:
     """"2.6x [2.5-2.7] faster at batch 1": a speedup with the 10th-90th percentiles of its paired rounds; "speedup at
-    batch 1 unresolved [1.2-4.0x: a busy machine]" when they spread too wide to say (`distillery.efficiency.spread`)."""
+    batch 1 unresolved [1.2-4.0x over the rounds]" when they spread too wide to say (a busy machine, or a runtime whose
+    calls vary: `distillery.efficiency.spread`)."""
     text = describe_speedup(*(row.get(f"{k}{suffix}") for k in ("speedup", "speedup_p10", "speedup_p90")))
     if text.startswith("unresolved"):
-        return f"speedup {what.removeprefix('faster ')} {text[:-1]}: a busy machine]"
+        return f"speedup {what.removeprefix('faster ')} {text[:-1]} over the rounds]"
     return f"{text} {what}"
 
 

@@ -9,7 +9,8 @@ faster") are wall-clock ratios against BERT-base. Here a speedup is a measuremen
   calibrated per model after the warm-up), never one call after a pause, which times the runtime waking up;
 * a model's speedup is the median over the rounds of the reference's time over its own in that round, reported with
   the 10th and 90th percentiles of those per-round ratios. When that spread is wider than `MAX_SPREAD` of the median
-  the machine was too busy to say: the result is marked unresolved and reports print the spread, not a figure.
+  (a busy machine, or a runtime whose calls vary from round to round) the result is marked unresolved and reports
+  print the spread, not a figure.
 
 On a CPU, a runtime's worker threads go on spinning for a while after a call returns (ONNX Runtime's for tens of
 milliseconds, PyTorch's OpenMP threads for a few): timed right after another runtime, a model shares the cores with

@@ -5,7 +5,8 @@ readers use it too."""
 from __future__ import annotations
 
 #: the widest spread a speedup is reported with: the 10th-90th percentile range of its per-round ratios over their
-#: median; wider, the machine was too busy while it was timed to say (`LatencyResult.resolved` is False)
+#: median; wider, the rounds disagree too much to say (a busy machine, or a runtime whose calls vary; the result's
+#: `resolved` is False)
 MAX_SPREAD = 0.25
 
 
@@ -24,7 +25,7 @@ def resolved(speedup: float | None, low: float | None, high: float | None) -> bo
 
 def describe_speedup(speedup: float | None, low: float | None, high: float | None) -> str:
     """"2.6x [2.5-2.7]": a speedup with the 10th-90th percentiles of its rounds; "unresolved [1.2-4.0x]" when they
-    spread wider than `MAX_SPREAD` (the machine was too busy to say); "-" without one."""
+    spread wider than `MAX_SPREAD` (the rounds disagree too much to say); "-" without one."""
     if not all(isinstance(v, (int, float)) for v in (speedup, low, high)):
         return "-" if not isinstance(speedup, (int, float)) else f"{speedup:.1f}x"
     if resolved(speedup, low, high):
