@@ -117,7 +117,7 @@ def test_a_budgeted_student_gets_the_shape_its_search_chose(prefect_project):
 def test_rerun_hits_the_cache_for_every_stage(prefect_project):
     project, _, first_s = prefect_project
     stamps = {p.name: p.stat().st_mtime_ns for p in (project / ".prefect" / "stamps").iterdir()}
-    assert len(stamps) == 31  # every stage and item ran once
+    assert len(stamps) == 34  # every stage and item ran once
     t0 = time.perf_counter()
     run([sys.executable, "-m", "flows.pipeline"], project)
     second_s = time.perf_counter() - t0
@@ -152,7 +152,7 @@ def test_console_has_one_line_per_stage_event(prefect_project):
     assert "Downloading artifacts" not in first.stderr  # MLflow's bar when the register stage loads a model
     # the precision line, two per stage, the search's 5, the registry, the change report, the result in words (the
     # budgeted student's too), the summary
-    assert len(lines) <= 1 + 2 * 31 + 5 + 5 + 1 + 2 + 1
+    assert len(lines) <= 1 + 2 * 34 + 5 + 5 + 1 + 2 + 1
     assert lines[-4].startswith("changes: First run") and lines[-3].startswith("demo: best student ")
     assert lines[-2].startswith("demo: budget latency <= 1000 ms at batch 1, length 16, 10% margin: micro-budget is 1x32-h2-f")
 
