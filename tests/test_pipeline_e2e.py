@@ -150,8 +150,8 @@ def test_console_has_one_line_per_stage_event(prefect_project):
     assert lines[0].startswith("precision: ")
     assert "\x1b[A" not in first.stderr  # a nested (evaluation) progress bar
     assert "Downloading artifacts" not in first.stderr  # MLflow's bar when the register stage loads a model
-    # the precision line, two per stage, the search's 5, the registry (one per student), the change report, the result in words (the
-    # budgeted student's too), the summary
+    # the precision line, two per stage, the search's 5, the registry (one per student), the change report, the result
+    # in words (the budgeted student's too), the summary
     assert len(lines) <= 1 + 2 * 34 + 5 + 6 + 1 + 2 + 1
     assert lines[-4].startswith("changes: First run") and lines[-3].startswith("demo: best student ")
     assert lines[-2].startswith("demo: budget latency <= 1000 ms at batch 1, length 16, 10% margin: micro-budget is 1x32-h2-f")
