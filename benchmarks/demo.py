@@ -113,7 +113,8 @@ def different_tensors(a: Path, b: Path) -> list[str]:
 
 
 def speed_keys(row: dict) -> dict[str, tuple]:
-    return {k: (row[k], row.get(k.replace("speedup_", "speedup_p10_", 1)), row.get(k.replace("speedup_", "speedup_p90_", 1)))
+    """Each speedup of a summary row with its spread: key -> (median, p10, p90)."""
+    return {k: (row[k], *(row.get(k.replace("speedup_", f"speedup_{q}_", 1)) for q in ("p10", "p90")))
             for k in row if k.startswith("speedup_b") and isinstance(row[k], (int, float))}
 
 
@@ -182,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         README.write_text(with_readme_line(README.read_text(encoding="utf-8"), runs[0]["line"]), encoding="utf-8")
         from distillery.results import append_run
 
-        append_run(ROOT / "docs" / "results.md", runs[0]["dir"], command=f"python -m flows.pipeline --params {args.params}",
-                   seconds=runs[0]["seconds"])
+        append_run(ROOT / "docs" / "results.md", runs[0]["dir"],
+                   command=f"python -m flows.pipeline --params {args.params}", seconds=runs[0]["seconds"])
     problems = check_runs(runs)
     claim = readme_line(README.read_text(encoding="utf-8"))
     problems += compare_lines(claim, runs[0]["line"], "run 1's last line against the README's") if claim else [

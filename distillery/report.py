@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from distillery.efficiency.spread import describe_speedup
+from distillery.efficiency.spread import describe_speedup, resolved
 from distillery.io import atomic_path, write_text
 
 METRIC_KEYS = ("accuracy", "f1", "mcc", "pearson", "spearman")
@@ -79,10 +79,10 @@ def _speed(row: Mapping[str, Any], suffix: str, what: str) -> str:
     """"2.6x [2.5-2.7] faster at batch 1": a speedup with the 10th-90th percentiles of its paired rounds; "speedup at
     batch 1 unresolved [1.2-4.0x over the rounds]" when they spread too wide to say (a busy machine, or a runtime whose
     calls vary: `distillery.efficiency.spread`)."""
-    text = describe_speedup(*(row.get(f"{k}{suffix}") for k in ("speedup", "speedup_p10", "speedup_p90")))
-    if text.startswith("unresolved"):
-        return f"speedup {what.removeprefix('faster ')} {text[:-1]} over the rounds]"
-    return f"{text} {what}"
+    speedup, low, high = (row.get(f"{k}{suffix}") for k in ("speedup", "speedup_p10", "speedup_p90"))
+    if isinstance(low, (int, float)) and isinstance(high, (int, float)) and not resolved(speedup, low, high):
+        return f"speedup {what.removeprefix('faster ')} unresolved [{low:.1f}-{high:.1f}x over the rounds]"
+    return f"{describe_speedup(speedup, low, high)} {what}"
 
 
 def retention(score: float, teacher_score: float) -> float | None:
@@ -202,7 +202,7 @@ def _cells(tasks: list[str], row: dict[str, Any]) -> list[str]:
     if row.get("below_direct"):
         name += f" (not above direct: {', '.join(row['below_direct'])})"
     speed = "-" if row["speedup"] is None else f"{row['speedup']:.1f}x"
-    if row.get("rounds") and None not in row["rounds"] and not row.get("is_teacher"):
+    if row.get("rounds") and not row.get("is_teacher"):
         speed = describe_speedup(*row["rounds"])
     return ([name, _count(row.get("params"), 1e6, "M"), _count(row.get("flops"), 1e9, "B"), speed]
             + [_pct(row["scores"].get(t)) for t in tasks] + [_pct(row["avg"]),

@@ -10,9 +10,8 @@ import subprocess
 import sys
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
+from benchmarks.demo import different_tensors
 from helpers import MICRO, env_for, make_project
 
 BY_THE_CLOCK = "micro-budget"
@@ -37,14 +36,9 @@ def test_two_fresh_runs_give_the_same_students_bit_for_bit(prefect_project, tmp_
     recipes = {"micro", "micro-minilm", "micro-distilbert", "micro-mobilebert", "micro-pkd"}
     assert {f"models/students/{s}-demo/model/model.safetensors" for s in recipes} <= second.keys()
     assert second.keys() <= first.keys(), sorted(second.keys() - first.keys())
-    differ = []
-    for rel, path in second.items():
-        a, b = load_file(str(first[rel])), load_file(str(path))
-        if a.keys() != b.keys() or any(not torch.equal(a[k], b[k]) for k in a):
-            differ.append(rel)
+    differ = [rel for rel, path in second.items() if different_tensors(first[rel], path)]
     assert not differ, f"{len(differ)} of {len(second)} model files differ between two runs: {differ[:6]}"
-    scores = [json.loads((p / "metrics" / "eval" / "demo.json").read_text()) if (p / "metrics" / "eval" / "demo.json").is_file()
-              else None for p in (prefect_project.project, project)]
-    if all(scores):
-        for name, row in scores[1].items():
-            assert row["main"] == scores[0][name]["main"], name
+    first_scores, second_scores = (json.loads((p / "metrics" / "eval" / "demo.json").read_text())
+                                   for p in (prefect_project.project, project))
+    for name, row in second_scores.items():
+        assert row["main"] == first_scores[name]["main"], name

@@ -36,11 +36,8 @@ class Machine:
         self.busy += (own_cores + self.others) * seconds
 
 
-def test_threads_stay_as_they_were_unless_the_switch_is_on(monkeypatch, threads):
-    """Off by default: the thread count decides a kernel's summation order, so following the load would make two runs
-    differ (distillery.runtime)."""
-    machine = Machine(monkeypatch, cpus=4)
-    monkeypatch.delenv(runtime.SWITCH, raising=False)
+def _steps_beside_one_busy_core(machine: Machine):
+    """A FreeCores callback over two training steps on 2 threads, another process taking one core between them."""
     torch.set_num_threads(2)
     args = type("Args", (), {"device": torch.device("cpu")})()
     cb = FreeCores()
@@ -49,6 +46,15 @@ def test_threads_stay_as_they_were_unless_the_switch_is_on(monkeypatch, threads)
     machine.others = 1.0
     machine.advance(2.0, own_cores=1)
     cb.on_step_end(args, None, None)
+    return cb, args
+
+
+def test_threads_stay_as_they_were_unless_the_switch_is_on(monkeypatch, threads):
+    """Off by default: the thread count decides a kernel's summation order, so following the load would make two runs
+    differ (distillery.runtime)."""
+    machine = Machine(monkeypatch, cpus=4)
+    monkeypatch.delenv(runtime.SWITCH, raising=False)
+    cb, args = _steps_beside_one_busy_core(machine)
     assert torch.get_num_threads() == 2 and cb.governor is None
 
 
@@ -99,14 +105,7 @@ def test_no_proc_stat_no_change(monkeypatch, threads):
 def test_callback_restores_threads(monkeypatch, threads):
     machine = Machine(monkeypatch, cpus=2)
     monkeypatch.setenv(runtime.SWITCH, "1")
-    torch.set_num_threads(2)
-    args = type("Args", (), {"device": torch.device("cpu")})()
-    cb = FreeCores()
-    cb.on_train_begin(args, None, None)
-    cb.on_step_end(args, None, None)
-    machine.others = 1.0
-    machine.advance(2.0, own_cores=1)
-    cb.on_step_end(args, None, None)
+    cb, args = _steps_beside_one_busy_core(machine)
     assert torch.get_num_threads() == 1
     cb.on_train_end(args, None, None)
     assert torch.get_num_threads() == 2
