@@ -63,30 +63,32 @@ def test_a_sample_is_tens_of_milliseconds_of_back_to_back_calls(monkeypatch):
     res = measure_latency({"short": counted("short", 0.001), "long": counted("long", 0.04)}, reps=3, warmup=1,
                           min_sample_ms=30)
     assert res["short"].calls == 30 and res["long"].calls == 1
-    assert counts["short"] == 1 + 3 * 30 and counts["long"] == 1 + 3
-    assert res["short"].samples_ms == pytest.approx((1.0, 1.0, 1.0))
+    # the reference ("short", the first) is timed before and after the other in each of the 3 rounds
+    assert counts["short"] == 1 + 3 * 2 * 30 and counts["long"] == 1 + 3
+    assert res["short"].samples_ms == pytest.approx((1.0,) * 6) and len(res["long"].ratios) == 3
 
 
 def test_the_speedup_is_the_median_of_per_round_ratios_and_a_busy_machine_leaves_it_unresolved(monkeypatch):
-    """Each round's ratio pairs the two models of that round: a slow-down that hits both in one round (another
-    process) cancels out; one that hits only one of them in some rounds widens the spread until it is unresolved."""
+    """Each model's sample lies between two of the reference's, and its ratio is their mean over its own: a machine
+    whose speed drifts steadily (a host's clock, its other tenants) moves the times, not the ratio, which a ratio to
+    the reference's sample before it alone would; a slow-down that hits only the model in some rounds
+    widens the spread until it is unresolved."""
     from distillery.efficiency.spread import describe_speedup
 
     clock = FakeClock(monkeypatch)
     calls = [0]
 
-    def loaded(seconds):  # the two calls of one round (one each) see the same load: every other round twice as slow
+    def drifting(seconds):  # every call 5% slower than the one before it, whichever model makes it
         def cost():
-            load = 2 if (calls[0] // 2) % 2 else 1
             calls[0] += 1
-            return seconds * load
+            return seconds * (1 + 0.05 * calls[0])
         return clock.model(cost)
 
-    steady = measure_latency({"ref": loaded(0.004), "half": loaded(0.002)}, reps=8, warmup=0, min_sample_ms=0)
+    steady = measure_latency({"ref": drifting(0.004), "half": drifting(0.002)}, reps=8, warmup=0, min_sample_ms=0)
     half = steady["half"]
     assert half.speedup == pytest.approx(2.0) and half.speedup_p10 == pytest.approx(2.0) and half.resolved
-    assert half.samples_ms == pytest.approx((4, 2) * 4)  # the load moved the times, not the ratio
-    assert half.median_ms == pytest.approx(3.0) and steady["ref"].speedup == pytest.approx(1.0)
+    assert half.samples_ms[-1] > 1.5 * half.samples_ms[0]  # the drift moved the times
+    assert len(steady["ref"].samples_ms) == 2 * 8 and steady["ref"].speedup == pytest.approx(1.0)
     draws = iter([0.002, 0.006] * 20)
     noisy = measure_latency({"ref": clock.model(lambda: 0.004), "jumpy": clock.model(lambda: next(draws))},
                             reps=10, warmup=0, min_sample_ms=0)

@@ -23,15 +23,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from distillery.efficiency.latency import LatencyResult
 from distillery.errors import UserError
 from distillery.models import Dims
 
 FORMS = ("fp32", "bf16", "int8")
 
 #: (models to time: name -> nn.Module or ONNX session, precisions: name -> "bf16" for the modules timed under bf16
-#: autocast) -> milliseconds per batch of every name in each paired round (a sequence, round r of every name timed
-#: together; one number is one round). The default times them (`measure_latency`); a test passes a fake clock.
-Timer = Callable[[Mapping[str, Any], Mapping[str, str]], Mapping[str, "float | Sequence[float]"]]
+#: autocast) -> every name's timing: a `LatencyResult` (its samples and its ratio to the teacher in each round), or
+#: milliseconds per batch in each round (a sequence, round r of every name timed together; one number is one round;
+#: the ratio is the teacher's time in that round over it). The default times them (`measure_latency`); a test passes
+#: a fake clock.
+Timer = Callable[[Mapping[str, Any], Mapping[str, str]], Mapping[str, "LatencyResult | float | Sequence[float]"]]
 
 
 class BudgetError(UserError, ValueError):
@@ -181,19 +184,20 @@ def _models(teacher, shapes: Iterable[Candidate], workdir: Path) -> tuple[dict, 
 
 
 def measured_timer(budget: Budget, *, reps: int = 10, warmup: int = 2) -> Timer:
-    """The real clock: every model in paired rounds with the others (`measure_latency`, as the evaluate stage times
-    the chosen student); each name's milliseconds per batch in every round."""
+    """The real clock: every model in paired rounds with the teacher (`measure_latency`, as the evaluate stage times
+    the chosen student)."""
     from distillery.efficiency.latency import measure_latency
 
-    def timer(models: Mapping[str, Any], precisions: Mapping[str, str]) -> dict[str, list[float]]:
-        res = measure_latency(models, batch=budget.batch, seq_len=budget.seq_len, reps=reps, warmup=warmup,
-                              reference="teacher", device="cpu", precisions=precisions)
-        return {name: list(r.samples_ms) for name, r in res.items()}
+    def timer(models: Mapping[str, Any], precisions: Mapping[str, str]) -> Mapping[str, LatencyResult]:
+        return measure_latency(models, batch=budget.batch, seq_len=budget.seq_len, reps=reps, warmup=warmup,
+                               reference="teacher", device="cpu", precisions=precisions)
 
     return timer
 
 
-def _rounds(value: "float | Sequence[float]") -> list[float]:
+def _rounds(value: "LatencyResult | float | Sequence[float]") -> list[float]:
+    if isinstance(value, LatencyResult):
+        return list(value.samples_ms)
     return [float(value)] if isinstance(value, (int, float)) else [float(v) for v in value]
 
 
@@ -234,7 +238,8 @@ def time_candidates(teacher, cands: Sequence[Candidate], budget: Budget, *, time
         for name in ms:
             mine = _rounds(f[name])
             ms[name] += mine
-            ratios[name] += [r / m for r, m in zip(ref, mine) if m > 0]
+            ratios[name] += (list(f[name].ratios) if isinstance(f[name], LatencyResult)
+                             else [r / m for r, m in zip(ref, mine) if m > 0])
     teacher_ms = statistics.median(ms["teacher"])
     timed = [Timed(c, statistics.median(ms[c.name]), statistics.median(ratios[c.name]), params[c.shape_name],
                    speedup_low=_percentile(ratios[c.name], 10), ms_high=_percentile(ms[c.name], 90)) for c in cands]

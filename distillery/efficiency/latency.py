@@ -3,19 +3,22 @@
 The headline speedups of the seeds (TinyBERT4 "9.4x faster", MobileBERT "5.5x", DistilBERT "60%
 faster") are wall-clock ratios against BERT-base. Here a speedup is a measurement with its spread:
 
-* every model is timed in paired rounds: each round times every model once, in alternating order (A B C, then
-  C B A), so load from other processes and CPU frequency drift hit all of them alike within a round;
+* every model is timed in paired rounds, each sample of it between two samples of the reference (R A R B R C R, the
+  others in alternating order from round to round: A B C, then C B A), and its ratio in that round is the mean of
+  the two reference samples around it over its own. The machine's speed drifts within seconds (other tenants of a
+  cloud host, its clock): a round of twenty models lasts seconds, and a ratio of two samples that far apart moves
+  with the drift, while two samples side by side see the same machine;
 * a sample is long enough to be timed well: back-to-back calls for at least `min_sample_ms` (the number of calls is
   calibrated per model after the warm-up), never one call after a pause, which times the runtime waking up;
-* a model's speedup is the median over the rounds of the reference's time over its own in that round, reported with
-  the 10th and 90th percentiles of those per-round ratios. When that spread is wider than `MAX_SPREAD` of the median
-  (a busy machine, or a runtime whose calls vary from round to round) the result is marked unresolved and reports
-  print the spread, not a figure.
+* a model's speedup is the median over the rounds of its ratios, reported with their 10th and 90th percentiles.
+  When that spread is wider than `MAX_SPREAD` of the median (a busy machine, or a runtime whose calls vary from
+  round to round) the result is marked unresolved and reports print the spread, not a figure.
 
 On a CPU, a runtime's worker threads go on spinning for a while after a call returns (ONNX Runtime's for tens of
 milliseconds, PyTorch's OpenMP threads for a few): timed right after another runtime, a model shares the cores with
-those threads. So every CPU sample waits `settle_ms` before it starts: each model is timed as it is served, alone
-on the machine. CPU runs use torch.get_num_threads() threads; on CUDA the device is synchronised around every
+those threads. So every CPU sample after another runtime's (anything but a PyTorch module) waits `settle_ms` before it
+starts, and one after a PyTorch module's `TORCH_SETTLE_MS`: each model is timed as it is served, alone on the
+machine. CPU runs use torch.get_num_threads() threads; on CUDA the device is synchronised around every
 sample.
 """
 
@@ -39,6 +42,8 @@ from distillery.precision import autocast, fast_attention
 #: to reach it): long against the clock's resolution and the scheduler's jitter, and the model's weights stay warm as
 #: when it serves requests back to back
 MIN_SAMPLE_MS = 30.0
+#: the pause after a PyTorch module's sample: its OpenMP workers stop spinning within a millisecond or two
+TORCH_SETTLE_MS = 5.0
 
 @dataclass(frozen=True)
 class LatencyResult:
@@ -60,7 +65,8 @@ class LatencyResult:
     speedup_p90: float | None
     device: str
     threads: int
-    samples_ms: tuple[float, ...] = ()  # the model's time per batch in each round, in round order
+    samples_ms: tuple[float, ...] = ()  # the model's time per batch in each sample, in order (the reference's: several a round)
+    ratios: tuple[float, ...] = ()  # the speedup in each round: the reference's samples around this model's over it
 
     @property
     def spread(self) -> float | None:
@@ -148,8 +154,8 @@ def measure_latency(models: Mapping[str, Any], *, batch: int = 1, seq_len: int =
     least (their mean is the sample; the calls per sample are calibrated per model on the warm-up, which is at least
     one call). `precisions`: name -> "bf16" for the nn.Modules timed under bf16 autocast (`distillery.precision`;
     the same module may appear twice, once in each precision); the others are timed in fp32 whatever precision is in
-    force. `settle_ms`: on a CPU with more than one model, the pause before each sample, so the threads of the
-    runtime that ran before have stopped spinning (module docstring).
+    force. `settle_ms`: on a CPU with more than one model, the pause before each sample that follows another
+    runtime's (an ONNX session, a callable), so its threads have stopped spinning (module docstring).
     """
     if not models:
         raise ValueError("measure_latency needs at least one model")
@@ -173,35 +179,56 @@ def measure_latency(models: Mapping[str, Any], *, batch: int = 1, seq_len: int =
             torch.cuda.synchronize(dev)
         return (time.perf_counter() - t0) / calls
 
-    settle = settle_ms / 1000 if not cuda and len(runners) > 1 else 0.0
+    many = not cuda and len(runners) > 1
+    pause = {name: (TORCH_SETTLE_MS if isinstance(models[name], nn.Module) else settle_ms) / 1000 if many else 0.0
+             for name in runners}
     calls: dict[str, int] = {}
+    last: str | None = None
     for name, fn in runners.items():  # warm-up, the last call of which calibrates the sample's length
         for _ in range(max(0, warmup - 1)):
             fn()
-        time.sleep(settle)
+        time.sleep(pause[last] if last else 0.0)
         once = timed(fn, 1)
         calls[name] = max(1, min(10_000, math.ceil(min_sample_ms / 1000 / once))) if once > 0 else 10_000
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    for r in range(reps):
-        order = list(runners) if r % 2 == 0 else list(reversed(list(runners)))  # ABC CBA: no fixed position bias
-        for name in order:
-            time.sleep(settle)
-            times[name].append(timed(runners[name], calls[name]))
+        last = name
     ref_name = reference if reference is not None else next(iter(models))
+    others = [name for name in runners if name != ref_name]
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    ratios: dict[str, list[float]] = {name: [] for name in runners}
+
+    def sample(name: str) -> float:
+        nonlocal last
+        time.sleep(pause[last] if last else 0.0)
+        t = timed(runners[name], calls[name])
+        times[name].append(t)
+        last = name
+        return t
+
+    for r in range(reps):
+        before = sample(ref_name)
+        if not others:
+            ratios[ref_name].append(1.0)
+        for name in others if r % 2 == 0 else others[::-1]:  # A B C, then C B A: no fixed position bias
+            mine = sample(name)
+            after = sample(ref_name)
+            if mine > 0:
+                ratios[name].append((before + after) / 2 / mine)
+            ratios[ref_name].append(1.0)
+            before = after
     threads = torch.get_num_threads()
     results = {}
     for name, ts in times.items():
         med = statistics.median(ts)
-        ratios = [ref / t for ref, t in zip(times[ref_name], ts) if t > 0]
+        rs = ratios[name]
         speedup = low = high = None
-        if ratios:
-            speedup, low, high = (float(np.percentile(ratios, q)) for q in (50, 10, 90))
+        if rs:
+            speedup, low, high = (float(np.percentile(rs, q)) for q in (50, 10, 90))
         results[name] = LatencyResult(
             name=name, batch=batch, seq_len=seq_len, reps=reps, calls=calls[name], median_ms=1000 * med,
             p10_ms=1000 * float(np.percentile(ts, 10)), p90_ms=1000 * float(np.percentile(ts, 90)),
             throughput=batch / med if med > 0 else float("inf"),
             speedup=speedup, speedup_p10=low, speedup_p90=high, device=str(dev), threads=threads,
-            samples_ms=tuple(1000 * t for t in ts))
+            samples_ms=tuple(1000 * t for t in ts), ratios=tuple(rs))
     return results
 
 
