@@ -14,8 +14,9 @@ after the other, nothing else running. Then, and only then, the checks:
   and every reported speedup of one run is within 10% of the other's (or unresolved in both);
 * two students of the same shape (parameter count and architecture) are timed within 10% of each other.
 
-`--write` puts the first run's line into README.md (between the `demo-line` markers) before checking, and appends
-the run to the results log (`docs/results.md`, `distillery.results`): a figure in the README comes from a run.
+`--write` appends the first run to the results log (`docs/results.md`, `distillery.results`) and puts its line and
+table into README.md (between the `demo-line` and `results-table` markers) before checking: a figure in the README
+comes from a run.
 The last line is `demo check: ok` or `demo check: N problem(s)`; the exit code is 0 or 1.
 """
 
@@ -33,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 MARKERS = ("<!-- demo-line -->", "<!-- /demo-line -->")
+TABLE_MARKERS = ("<!-- results-table -->", "<!-- /results-table -->")
 #: how far apart two timings of one figure may be and still agree
 TOLERANCE = 0.10
 _SPEED = re.compile(r"(\d+(?:\.\d+)?)x(?: \[(\d+(?:\.\d+)?)-(\d+(?:\.\d+)?)\])?|unresolved \[[^\]]*\]")
@@ -51,6 +53,14 @@ def with_readme_line(text: str, line: str) -> str:
     if start < 0 or end < start:
         raise SystemExit(f"error: {README}: no {MARKERS[0]} ... {MARKERS[1]} markers around the demo line")
     return text[:start + len(MARKERS[0])] + f"`{line}`" + text[end:]
+
+
+def with_readme_table(text: str, table: str) -> str:
+    """The README with `table` (`distillery.results.readme_table`) between its table markers."""
+    start, end = (text.find(m) for m in TABLE_MARKERS)
+    if start < 0 or end < start:
+        raise SystemExit(f"error: {README}: no {TABLE_MARKERS[0]} ... {TABLE_MARKERS[1]} markers around the table")
+    return text[:start + len(TABLE_MARKERS[0])] + "\n" + table + text[end:]
 
 
 def split_line(line: str) -> tuple[str, list[float | None]]:
@@ -180,11 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     runs = [run_demo(workdir, i + 1, args.params) for i in range(args.runs)]
     if args.write:
-        README.write_text(with_readme_line(README.read_text(encoding="utf-8"), runs[0]["line"]), encoding="utf-8")
-        from distillery.results import append_run
+        from distillery.results import append_run, read_log, readme_table
 
-        append_run(ROOT / "docs" / "results.md", runs[0]["dir"],
-                   command=f"python -m flows.pipeline --params {args.params}", seconds=runs[0]["seconds"])
+        md = ROOT / "docs" / "results.md"
+        append_run(md, runs[0]["dir"], command=f"python -m flows.pipeline --params {args.params}",
+                   seconds=runs[0]["seconds"])
+        text = with_readme_line(README.read_text(encoding="utf-8"), runs[0]["line"])
+        README.write_text(with_readme_table(text, readme_table(read_log(md.with_suffix(".jsonl")))), encoding="utf-8")
     problems = check_runs(runs)
     claim = readme_line(README.read_text(encoding="utf-8"))
     problems += compare_lines(claim, runs[0]["line"], "run 1's last line against the README's") if claim else [

@@ -4,6 +4,10 @@
 every model's main dev score and speedups at batch 1 with their spread); `docs/results.md` is rendered from it by
 :func:`render` (the tests check the two agree). A row is added with :func:`append_run` (``python -m benchmarks.demo
 --write`` does it for the demo).
+
+The runs measured before the log existed were written up by hand in the docs' pages, their summaries not kept; their
+figures are rows too, marked ``"transcribed"`` with the page they came from (and a ``"note"``: what the run was), so the
+pages explain and the log holds every figure.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from distillery.efficiency.spread import describe_speedup
 from distillery.io import write_text
 
 HEADER = ("# Results log\n\nEvery measured run, one row each, written from the run's `metrics/summary.json` by "
-          "`distillery.results.append_run` (`python -m benchmarks.demo --write` for the demo). Generated from "
+          "`distillery.results.append_run` (`python -m benchmarks.demo --write` for the demo); the runs measured "
+          "before this log existed are transcribed from the pages that wrote them up, and say so. Generated from "
           "`results.jsonl`: do not edit by hand.\n")
 
 
@@ -93,8 +98,13 @@ def _score(entry: Mapping[str, Any]) -> str:
 def render(rows: list[Mapping[str, Any]]) -> str:
     """The log as Markdown: per run a heading line and one table row per model."""
     out = [HEADER]
-    for r in reversed(rows):  # newest first
-        out.append(f"\n## {r['date']} · {r['commit']} · {r['machine']}\n\n`{r['command']}`: {r['wall_s']:.0f} s\n")
+    for r in sorted(reversed(rows), key=lambda r: r["date"], reverse=True):  # newest first
+        out.append(f"\n## {r['date']} · {r['commit']} · {r['machine']}\n\n`{r['command']}`"
+                   + (f": {r['wall_s']:.0f} s" if r.get("wall_s") is not None else "") + "\n")
+        if r.get("note"):
+            out.append(f"\n{r['note']}\n")
+        if r.get("transcribed"):
+            out.append(f"\nTranscribed from {r['transcribed']} (written up by hand before this log; no summary kept).\n")
         for task, models in r["tasks"].items():
             out.append(f"\n| {task} | dev score | retention | gain over direct | speedup b1 [p10-p90] |\n"
                        "|---|---:|---:|---:|---:|\n")
@@ -103,4 +113,31 @@ def render(rows: list[Mapping[str, Any]]) -> str:
                 gain = f"{100 * e['gain_over_direct']:+.2f}" if "gain_over_direct" in e else "-"
                 speed = describe_speedup(e.get("speedup_b1"), e.get("speedup_p10_b1"), e.get("speedup_p90_b1"))
                 out.append(f"| {name} | {_score(e)} | {kept} | {gain} | {speed} |\n")
+    return "".join(out)
+
+
+def readme_table(rows: list[Mapping[str, Any]], task: str = "demo") -> str:
+    """The README's table: the newest measured (not transcribed) run of `task`, one line per student with its direct
+    baseline, its served forms' speedups beside its own."""
+    measured = [r for r in rows if not r.get("transcribed") and task in r.get("tasks", {})]
+    if not measured:
+        return ""
+    run = sorted(reversed(measured), key=lambda r: r["date"], reverse=True)[0]
+    models = run["tasks"][task]
+
+    def speed(name: str) -> str:
+        e = models.get(name, {})
+        return describe_speedup(e.get("speedup_b1"), e.get("speedup_p10_b1"), e.get("speedup_p90_b1"))
+
+    out = [f"| {task} ({run['date']}, {run['commit']}, {run['machine']}) | dev score | retention | direct | "
+           "speedup b1 [p10-p90] | bf16 | int8 |\n|---|---:|---:|---:|---:|---:|---:|\n"]
+    teacher = models.get("teacher")
+    if teacher:
+        out.append(f"| teacher | {_score(teacher)} | - | - | 1.0x | - | - |\n")
+    for name, e in models.items():
+        if f"{name}-direct" not in models:
+            continue
+        out.append(f"| {name} | {_score(e)} | {e['retention']:.3f} | {_score(models[f'{name}-direct'])} | "
+                   f"{speed(name)} | {speed(f'{name}-bf16')} | {speed(f'{name}-int8')} |\n"
+                   if "retention" in e else f"| {name} | {_score(e)} | - | - | {speed(name)} | - | - |\n")
     return "".join(out)

@@ -49,3 +49,27 @@ def test_two_lines_agree_on_everything_but_speedups_within_ten_percent():
     assert close(None, None) and not close(None, 2.0)
     text = "intro <!-- demo-line -->`old`<!-- /demo-line --> outro"
     assert readme_line(with_readme_line(text, line)) == line
+
+
+def test_the_readme_table_is_the_newest_measured_demo_run_of_the_log():
+    from benchmarks.demo import TABLE_MARKERS
+    from distillery.results import readme_table
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    start, end = (readme.find(m) for m in TABLE_MARKERS)
+    assert 0 <= start < end
+    assert readme[start + len(TABLE_MARKERS[0]):end].strip() == readme_table(read_log(ROOT / "docs" / "results.jsonl")).strip()
+
+
+def test_the_readme_table_shows_each_student_beside_its_direct_baseline_and_skips_transcribed_runs():
+    from distillery.results import readme_table
+
+    newer = {"date": "2026-12-02", "commit": "x", "machine": "m", "command": "c", "wall_s": None,
+             "transcribed": "docs/presets.md", "tasks": {"demo": {"t": {"accuracy": 0.5}}}}
+    rows = [{"date": "2026-12-01", "commit": "abc", "machine": "m", "command": "c", "wall_s": 1.0,
+             "tasks": {"demo": {**SUMMARY["demo"], "s-int8": {"speedup_b1": 6.0, "speedup_p10_b1": 5.9,
+                                                              "speedup_p90_b1": 6.1}}}}, newer]
+    table = readme_table(rows)
+    assert "| s | 90.00 | 0.914 | 80.00 | 2.6x [2.5-2.7] | - | 6.0x [5.9-6.1] |" in table
+    assert "abc" in table and "| t |" not in table and "| s-direct |" not in table
+    assert "Transcribed from docs/presets.md" in render(rows)

@@ -71,8 +71,8 @@ class TinyBertRecipe(Recipe):
     def auto_teacher_layers(self, n_teacher: int, n_student: int) -> list[int]:
         """``teacher_layers: auto``: the teacher layers the layer map aligns the student's with (uniform, 6 -> 3: 1, 3,
         5; 6 -> 4: 1, 2, 4, 5), so step 1 starts each student layer from the layer it is to imitate, as the local and
-        squad presets' students do by hand. The budget preset's 3 x 384 twins from 1, 3, 5 scored CoLA 26.7 and SST-2
-        85.0 where the spread of `official_teacher_layers` (0, 3, 5) gave 21.7 and 82.8 (docs/presets.md)."""
+        squad presets' students do by hand. The budget preset's 3 x 384 twins from 1, 3, 5 kept their teachers where the
+        spread of `official_teacher_layers` (0, 3, 5) lost points (docs/presets.md; scores: docs/results.md)."""
         return list(self.map_layers(n_student, n_teacher).teacher_layers)
 
     def layer_wise_spec(self, n_student: int, n_teacher: int, projection=None):
@@ -126,7 +126,6 @@ class TinyBertRecipe(Recipe):
         return prediction_stage(self, ctx, start, ctx.out / "grid", augmented=self.augmentation)
 
     def train_cut(self, ctx: TaskContext, cut):
-        """The cut of the distilled twin goes through step 2 again, from the teacher: on CoLA a 3 x 288 FFN 576 cut of
-        a 3 x 384 twin scored 19.0 MCC on average over 3 seeds (18.2-19.5) against 16.3 (14.7-18.9, 6 seeds) fine-tuned
-        on the gold labels, SST-2 alike (82.1 and 82.3 both ways); docs/presets.md."""
+        """The cut of the distilled twin goes through step 2 again, from the teacher: on CoLA that beat fine-tuning the
+        cut on the gold labels over several seeds, SST-2 alike (docs/presets.md; scores: docs/results.md)."""
         return self.step2(ctx, cut)
