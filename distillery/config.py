@@ -37,12 +37,12 @@ class ConfigError(UserError, ValueError):
 
 
 class TrainSection(Section):
-    epochs: float = Field(1.0, gt=0)
-    learning_rate: float = Field(5e-5, gt=0, lt=1)
-    batch_size: int = Field(32, ge=1)
-    warmup_ratio: float = Field(0.0, ge=0, lt=1)
-    weight_decay: float = Field(0.01, ge=0)
-    max_steps: int = Field(-1, ge=-1)
+    epochs: float = Field(1.0, gt=0)  # passes over the stage's training data (fractional: part of the last pass)
+    learning_rate: float = Field(5e-5, gt=0, lt=1)  # peak learning rate (after warm-up; linear decay to 0)
+    batch_size: int = Field(32, ge=1)  # global batch: split evenly across `distributed.nproc_per_node` processes
+    warmup_ratio: float = Field(0.0, ge=0, lt=1)  # share of the optimizer steps spent warming the learning rate up
+    weight_decay: float = Field(0.01, ge=0)  # AdamW weight decay
+    max_steps: int = Field(-1, ge=-1)  # optimizer steps at most, overriding `epochs`; -1: `epochs` decide
     # A resume checkpoint every N optimizer steps (a killed run continues from the last one). None: every epoch
     # where the stage evaluates on dev (fine-tuning, the grids), else every 500 steps. A stage that evaluates on dev
     # then evaluates at every checkpoint, and keeps the best of those.
@@ -60,17 +60,20 @@ class CustomTaskSection(Section):
     Hub dataset (`hub`, `config`, `splits`: our split -> the Hub's), the columns of the text (and `text_pair`) and
     of the label, the task `type`, the label order and the main score."""
 
-    train: str | None = None
-    validation: str | None = None
-    test: str | None = None
-    hub: str | None = None
-    config: str | None = None
+    train: str | None = None  # training split file: .csv .tsv .jsonl/.json (JSON Lines) .parquet, by its extension
+    validation: str | None = None  # dev split file (dev scores, model selection, the teacher gate)
+    test: str | None = None  # optional test split file: its predictions go to data/predictions/<task>/
+    hub: str | None = None  # a datasets Hub name or a local dataset directory, instead of the files
+    config: str | None = None  # the Hub dataset's config name
+    # Hub dataset: our split (train, validation, optional test) -> the Hub dataset's split name
     splits: dict[str, str] = Field(default_factory=lambda: {"train": "train", "validation": "validation"})
-    text: str = Field(min_length=1)
-    text_pair: str | None = None
-    label: str = Field(min_length=1)
-    type: Literal["classification", "regression"] = "classification"
-    labels: list[str] | None = None
+    text: str = Field(min_length=1)  # the text column
+    text_pair: str | None = None  # a second text column (a sentence-pair task)
+    label: str = Field(min_length=1)  # the label column (strings or integers; a number for regression)
+    type: Literal["classification", "regression"] = "classification"  # classification (labels) | regression (scores)
+    labels: list[str] | None = None  # label order; None: a Hub ClassLabel's names, else the training labels sorted
+    # main score: accuracy | macro_f1 | f1 (binary, of the second label) | mcc (classification), pearson | spearman |
+    # pearson_spearman (regression); None: accuracy, or pearson_spearman for regression
     metric: Literal[CLASSIFICATION_METRICS + REGRESSION_METRICS] | None = None
 
     @field_validator("labels", mode="before")
@@ -117,29 +120,31 @@ class CustomTaskSection(Section):
 
 
 class DataSection(Section):
-    source: Literal["demo", "local", "hub"] = "demo"
+    source: Literal["demo", "local", "hub"] = "demo"  # demo (generated) | local (files) | hub (nyu-mll/glue)
     # tasks of your own, by name (listed in `tasks` like a GLUE task); before `tasks`, which reads it
     custom: dict[str, CustomTaskSection] = Field(default_factory=dict)
+    # the run's tasks: GLUE names (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli), squad, squad_v2, demo,
+    # demo-pair, or names under `custom`; `source` decides which are accepted (TASKS_BY_SOURCE)
     tasks: list[str] = Field(default_factory=lambda: ["demo"], min_length=1)
-    glue_dir: str | None = None
+    glue_dir: str | None = None  # source local: a GLUE directory in the official layout (<glue_dir>/SST-2/...)
     # source local, task squad: one official SQuAD JSON file split by article (distillery.squad.split_by_article),
     # its last `squad_eval_articles` articles (in a permutation by `squad_split_seed`, when set) for evaluation
     squad_file: str | None = None
-    squad_eval_articles: int = Field(8, ge=1)
-    squad_split_seed: int | None = None
+    squad_eval_articles: int = Field(8, ge=1)  # articles of `squad_file` held out for evaluation; the rest train
+    squad_split_seed: int | None = None  # seed of the article permutation before the split; None: the file's order
     # span tasks: windows of `max_length` tokens over the context, `doc_stride` apart, questions cut to
     # `max_query_length` tokens (BERT's SQuAD settings: 384 / 128 / 64)
     doc_stride: int = Field(128, ge=1)
-    max_query_length: int = Field(64, ge=1)
+    max_query_length: int = Field(64, ge=1)  # span tasks: questions cut to this many tokens
     # task training (teacher fine-tuning, task distillation, direct baselines) in batches of similar length: less
     # padding, which matters at SQuAD's 384 tokens (transformers' LengthGroupedSampler; evaluation keeps its scores)
     group_by_length: bool = False
-    max_train_examples: int | None = Field(None, ge=1)
-    max_eval_examples: int | None = Field(None, ge=1)
-    max_length: int = Field(64, ge=8, le=512)
-    demo_train: int = Field(2000, ge=10)
-    demo_dev: int = Field(400, ge=10)
-    demo_test: int = Field(400, ge=10)
+    max_train_examples: int | None = Field(None, ge=1)  # a seeded random subset of each training split; None: all
+    max_eval_examples: int | None = Field(None, ge=1)  # the same for dev (evaluation) splits; test splits stay whole
+    max_length: int = Field(64, ge=8, le=512)  # tokens per encoded example, truncated to it (span tasks: per window)
+    demo_train: int = Field(2000, ge=10)  # source demo: examples in the demo task's training split
+    demo_dev: int = Field(400, ge=10)  # source demo: examples in its dev split
+    demo_test: int = Field(400, ge=10)  # source demo: examples in its test split
     # the demo's training labels flipped at this rate (dev and test stay clean): few, noisy labels, as in real tasks
     demo_label_noise: float = Field(0.0, ge=0.0, lt=0.5)
     # the share of demo sentences of two opposite clauses whose main clause decides ("the plot was dull, but the cast
@@ -206,10 +211,10 @@ class DataSection(Section):
 
 
 class CorpusSection(Section):
-    source: Literal["demo", "files"] = "demo"
-    paths: list[str] = Field(default_factory=list)
-    max_sentences: int | None = Field(None, ge=1)
-    demo_documents: int = Field(400, ge=1)
+    source: Literal["demo", "files"] = "demo"  # demo (generated in the demo task's language) | files (`paths`)
+    paths: list[str] = Field(default_factory=list)  # source files: text files, or directories of *.txt files
+    max_sentences: int | None = Field(None, ge=1)  # the prepared corpus stops after this many sentences; None: all
+    demo_documents: int = Field(400, ge=1)  # source demo: documents generated
 
     @model_validator(mode="after")
     def _paths_for_files(self) -> "CorpusSection":
@@ -221,10 +226,10 @@ class CorpusSection(Section):
 class TeacherSection(Section):
     # "scratch": a fresh model of `shape` (demo); otherwise a local directory or Hub name.
     init: Literal["scratch", "pretrained"] = "scratch"
-    name_or_path: str | None = None
-    shape: Shape | None = None
+    name_or_path: str | None = None  # init pretrained: a model directory, Hub id or registry model (models:/NAME@ALIAS)
+    shape: Shape | None = None  # init scratch: the teacher's shape
     tokenizer: str | None = None  # defaults to the teacher's own; "demo" trains a WordPiece vocab on the corpus
-    vocab_size: int = Field(4000, ge=100)
+    vocab_size: int = Field(4000, ge=100)  # init scratch: size of the WordPiece vocabulary trained on the corpus
     # a teacher you already fine-tuned, per task (a model directory or Hub id with the task's head): evaluated on dev
     # (gate included) instead of fine-tuned again; the task-agnostic stages still read `name_or_path`
     finetuned: dict[str, str] = Field(default_factory=dict)
@@ -239,9 +244,9 @@ class TeacherSection(Section):
 
 
 class PretrainSection(TrainSection):
-    enabled: bool = True
-    max_length: int = Field(64, ge=8, le=512)
-    mlm_probability: float = Field(0.15, gt=0, lt=1)
+    enabled: bool = True  # MLM pre-training of the teacher on the corpus (continued when init is pretrained)
+    max_length: int = Field(64, ge=8, le=512)  # tokens per MLM sequence (corpus sentences packed up to it)
+    mlm_probability: float = Field(0.15, gt=0, lt=1)  # share of tokens masked
 
 
 class FinetuneSection(TrainSection):
@@ -259,9 +264,9 @@ class FinetuneSection(TrainSection):
 class WordVectorsSection(Section):
     # "corpus": learn vectors from the prepared corpus (offline demo); "file": a GloVe/word2vec text file.
     source: Literal["corpus", "file"] = "corpus"
-    path: str | None = None
-    dim: int = Field(50, ge=2)
-    max_words: int = Field(100_000, ge=1)
+    path: str | None = None  # source file: the GloVe / word2vec text file
+    dim: int = Field(50, ge=2)  # source corpus: size of the learned vectors
+    max_words: int = Field(100_000, ge=1)  # vectors kept: the first N of the file (GloVe's most frequent words)
 
     @model_validator(mode="after")
     def _path_for_file(self) -> "WordVectorsSection":
@@ -271,14 +276,15 @@ class WordVectorsSection(Section):
 
 
 class AugmentSection(Section):
-    enabled: bool = True
+    enabled: bool = True  # TinyBERT data augmentation (Algorithm 1) of each task's training set
     mlm: str = "teacher"  # "teacher" = the pre-training stage's MLM, or any MLM directory / Hub name
     n_aug: int | None = Field(None, ge=1)  # None: the official per-task default
-    k: int = Field(15, ge=1)
-    p_t: float = Field(0.4, ge=0, le=1)
-    fast: bool = False
+    k: int = Field(15, ge=1)  # candidate words per word (K)
+    p_t: float = Field(0.4, ge=0, le=1)  # probability of replacing each word (p_t)
+    fast: bool = False  # one MLM forward per sentence instead of one per word: faster, an approximation
+    # augment only the first N training examples (the rest join the training set as they are); None: all
     max_examples: int | None = Field(None, ge=1)
-    batch_size: int = Field(64, ge=1)
+    batch_size: int = Field(64, ge=1)  # masked copies per MLM forward
     shard_size: int = Field(256, ge=1)  # examples per shard, written as it completes: a killed run resumes there
 
 
@@ -286,7 +292,7 @@ class GeneralDistillationSection(TrainSection):
     """Schedule of every student's general (pre-training) distillation and of MiniLM's teacher assistant;
     the losses are the student's recipe's."""
 
-    max_length: int = Field(64, ge=8, le=512)
+    max_length: int = Field(64, ge=8, le=512)  # tokens per corpus sequence (sentences packed up to it)
 
 
 class IntermediateSection(TrainSection):
@@ -296,9 +302,11 @@ class IntermediateSection(TrainSection):
 class GridSection(Section):
     """An lr x batch-size grid of task runs, best on dev (the papers' model selection)."""
 
+    # the grid's peak learning rates
     learning_rates: list[float] = Field(default_factory=lambda: [1e-5, 2e-5, 3e-5], min_length=1)
-    batch_sizes: list[int] = Field(default_factory=lambda: [16, 32], min_length=1)
-    epochs: float = Field(3.0, gt=0)
+    batch_sizes: list[int] = Field(default_factory=lambda: [16, 32], min_length=1)  # the grid's global batch sizes
+    epochs: float = Field(3.0, gt=0)  # passes over the training set of every run of the grid
+    # share of each run's optimizer steps spent warming the learning rate up
     warmup_ratio: float = Field(0.1, ge=0, lt=1)
     checkpoint_steps: int | None = Field(None, ge=1)  # as in TrainSection
 
@@ -320,13 +328,15 @@ class GridSection(Section):
 class PredictionSection(GridSection):
     """TinyBERT step 2: prediction-layer distillation over the grid."""
 
-    temperature: float = Field(1.0, gt=0)
-    cache_teacher_logits: bool = True
+    temperature: float = Field(1.0, gt=0)  # softmax temperature of the prediction-layer loss (eq. 10)
+    cache_teacher_logits: bool = True  # teacher logits computed once, shared by the grid's runs; false: every batch
+    # a regression task (STS-B): MSE to the teacher's prediction, or to the gold score (official)
     regression_target: Literal["teacher", "gold"] = "teacher"
 
 
 class TaskDistillationSection(Section):
-    intermediate: IntermediateSection = IntermediateSection()
+    intermediate: IntermediateSection = IntermediateSection()  # TinyBERT's step 1 and MiniLM's `intermediate_step`
+    # TinyBERT's step 2 and the other recipes' extra step (`task_distillation`)
     prediction: PredictionSection = PredictionSection()
     finetune: GridSection = GridSection()  # the task stage of MiniLM / DistilBERT / MobileBERT students (gold labels)
     # Every student's dropout rate (all its dropout layers and config keys) in the task stage, distilled and direct
@@ -336,9 +346,10 @@ class TaskDistillationSection(Section):
 
 class EvaluationSection(Section):
     baselines: bool = True  # each student's architecture trained on gold labels alone, beside it in the report
-    latency: bool = True
+    latency: bool = True  # time every model against the teacher in the evaluate stage (speedups in the report)
+    # batch sizes timed; the report's speed column uses the smallest
     latency_batch_sizes: list[int] = Field(default_factory=lambda: [1, 32])
-    latency_seq_len: int = Field(128, ge=8, le=512)
+    latency_seq_len: int = Field(128, ge=8, le=512)  # tokens per sequence timed (and a budget's default `seq_len`)
     latency_rounds: int = Field(20, ge=3)  # paired rounds of every model and the teacher; speedups are their median
     export_onnx: bool = True  # ONNX + int8 (ONNX Runtime dynamic quantisation) of every student
 
@@ -353,7 +364,7 @@ class EvaluationSection(Section):
 
 
 class RegistrySection(Section):
-    enabled: bool = True
+    enabled: bool = True  # register every student in the MLflow model registry (the register stage)
     # A new version gets the alias `candidate`; `champion` moves to it only when its main dev score beats the
     # current champion's by more than this (0: any improvement; a tie keeps the champion).
     promote_margin: float = Field(0.0, ge=0)
@@ -365,8 +376,8 @@ class DistributedSection(Section):
     --standalone` (DistributedDataParallel); 1 is one process, no launcher. Every batch size in params is the
     global batch, split evenly across the processes. backend: "auto" (NCCL on GPUs, gloo on CPUs), gloo or nccl."""
 
-    nproc_per_node: int = Field(1, ge=1)
-    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    nproc_per_node: int = Field(1, ge=1)  # processes per training stage: 1 = this process, no launcher; N = one per GPU
+    backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto (NCCL on GPUs, gloo on CPUs) | gloo | nccl
 
 
 class OrchestrationSection(Section):
@@ -379,10 +390,11 @@ class OrchestrationSection(Section):
     outputs are bit-identical to a sequential run; more slots overlap training on a large device (random streams
     then depend on timing)."""
 
-    runner: Literal["threads", "dask"] = "threads"
-    max_workers: int = Field(4, ge=1)
+    runner: Literal["threads", "dask"] = "threads"  # threads (a pool in the flow's process) | dask (prefect-dask)
+    max_workers: int = Field(4, ge=1)  # stages at once
+    # device stages (training, augmentation's MLM) at once; evaluation holds them all
     device_slots: int = Field(1, ge=1)
-    dask_address: str = ""
+    dask_address: str = ""  # runner dask: a running scheduler (tcp://HOST:8786); empty: a local cluster
 
 
 #: the `data` and `evaluation` keys a task may set for itself: how its examples are encoded and timed (a SQuAD task's
@@ -399,11 +411,11 @@ class TaskOverrides(Section):
     merged key by key over the run's for that task's stages (`Params.for_task`). Only settings that no other task's
     stage reads can differ per task."""
 
-    teacher_finetune: dict[str, Any] = Field(default_factory=dict)
-    augment: dict[str, Any] = Field(default_factory=dict)
-    task_distillation: dict[str, Any] = Field(default_factory=dict)
-    data: dict[str, Any] = Field(default_factory=dict)
-    evaluation: dict[str, Any] = Field(default_factory=dict)
+    teacher_finetune: dict[str, Any] = Field(default_factory=dict)  # this task's `teacher_finetune` keys
+    augment: dict[str, Any] = Field(default_factory=dict)  # this task's `augment` keys
+    task_distillation: dict[str, Any] = Field(default_factory=dict)  # this task's `task_distillation` keys
+    data: dict[str, Any] = Field(default_factory=dict)  # this task's encoding keys of `data` (TASK_DATA_KEYS)
+    evaluation: dict[str, Any] = Field(default_factory=dict)  # this task's `evaluation.latency_seq_len`
 
     @field_validator("data", "evaluation")
     @classmethod
@@ -426,25 +438,27 @@ def _merged(section: Section, part: dict[str, Any]) -> Section:
 
 
 class Params(Section):
-    seed: int = 42
+    seed: int = 42  # seed of every stage: data subsets and splits, generated data, initialisation, training
     # every training loop and inference path (distillery.precision): auto = bf16 autocast where the device is fast at
     # it (a bf16 GPU; a CPU with AMX or AVX512-BF16), fp32 elsewhere; weights and checkpoints stay fp32
     precision: Literal["auto", "fp32", "bf16"] = "auto"
-    data: DataSection = DataSection()
-    corpus: CorpusSection = CorpusSection()
-    teacher: TeacherSection
-    pretrain: PretrainSection = PretrainSection()
-    teacher_finetune: FinetuneSection = FinetuneSection()
-    word_vectors: WordVectorsSection = WordVectorsSection()
-    augment: AugmentSection = AugmentSection()
+    data: DataSection = DataSection()  # the tasks: where they come from and how they are encoded
+    corpus: CorpusSection = CorpusSection()  # raw text: the teacher's MLM, general distillation, word vectors
+    teacher: TeacherSection  # the teacher: a fresh model of a shape, or a pretrained checkpoint
+    pretrain: PretrainSection = PretrainSection()  # the teacher's MLM pre-training stage and its schedule
+    teacher_finetune: FinetuneSection = FinetuneSection()  # the teacher's fine-tuning per task, and the gate
+    word_vectors: WordVectorsSection = WordVectorsSection()  # the word vectors of TinyBERT's data augmentation
+    augment: AugmentSection = AugmentSection()  # TinyBERT's data augmentation of the task training sets
+    # the students by name (letters, digits, - and _): each a recipe (`recipe`, default tinybert) with a shape or budget
     students: dict[str, StudentRecipe] = Field(min_length=1)
+    # the schedule of every student's general (pre-training) distillation and of MiniLM's teacher assistant
     general_distillation: GeneralDistillationSection = GeneralDistillationSection()
-    task_distillation: TaskDistillationSection = TaskDistillationSection()
-    evaluation: EvaluationSection = EvaluationSection()
-    registry: RegistrySection = RegistrySection()
-    distributed: DistributedSection = DistributedSection()
-    orchestration: OrchestrationSection = OrchestrationSection()
-    per_task: dict[str, TaskOverrides] = Field(default_factory=dict)
+    task_distillation: TaskDistillationSection = TaskDistillationSection()  # the task stage's schedules and grids
+    evaluation: EvaluationSection = EvaluationSection()  # direct baselines, latency, ONNX / int8 export
+    registry: RegistrySection = RegistrySection()  # the MLflow model registry: registration and promotion
+    distributed: DistributedSection = DistributedSection()  # data-parallel training on this machine
+    orchestration: OrchestrationSection = OrchestrationSection()  # how the Prefect flow schedules the stages
+    per_task: dict[str, TaskOverrides] = Field(default_factory=dict)  # a task's own settings over the run's
 
     def for_task(self, task: str | None) -> "Params":
         """The params a task's stages run with: `per_task.<task>` merged over the run's (self when it has none)."""

@@ -135,3 +135,12 @@ def test_each_sample_waits_for_the_previous_runtime_to_settle(settle_ms, overlap
 
     measure_latency({"a": spinning_runtime, "b": other}, reps=4, warmup=0, device="cpu", settle_ms=settle_ms)
     assert any(starts_while_spinning) is overlapped
+
+
+def test_the_allocator_is_put_in_a_steady_state_where_glibc_runs():
+    """glibc's trim and mmap thresholds are fixed before a CPU timing (the module docstring says why)."""
+    import platform
+
+    from distillery.efficiency.latency import steady_allocator
+
+    assert steady_allocator() is (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")

@@ -20,6 +20,12 @@ those threads. So every CPU sample after another runtime's (anything but a PyTor
 starts, and one after a PyTorch module's `TORCH_SETTLE_MS`: each model is timed as it is served, alone on the
 machine. CPU runs use torch.get_num_threads() threads; on CUDA the device is synchronised around every
 sample.
+
+On Linux, glibc's malloc returns freed memory to the system when the top of its heap holds more than a threshold that
+moves with the process's history, and serves large blocks by mmap: at batch 32 a forward pass's activations then fault
+their pages in again on every call, or not, depending on what the process did before, and two processes timed the
+same models a quarter apart. So before a CPU timing the allocator is put in the steady state of a server that keeps
+its memory (`steady_allocator`: fixed thresholds, freed memory kept for reuse); the process keeps it afterwards.
 """
 
 from __future__ import annotations
@@ -140,6 +146,25 @@ def _runner(obj: Any, batch: int, seq_len: int, device: torch.device, precision:
                     "an onnxruntime.InferenceSession or a zero-argument callable")
 
 
+#: glibc mallopt parameters: M_TRIM_THRESHOLD, M_MMAP_THRESHOLD (the largest it accepts on 64-bit: 32 MiB)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_STEADY = {_M_TRIM_THRESHOLD: 2**31 - 1, _M_MMAP_THRESHOLD: 32 * 2**20}
+
+
+def steady_allocator() -> bool:
+    """Fix glibc malloc's trim and mmap thresholds (module docstring): freed memory stays in the process for reuse
+    and blocks up to 32 MiB come from its heap. True where that was done (Linux with glibc), False elsewhere."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl, macOS, Windows)
+        return False
+    return all(mallopt(param, value) == 1 for param, value in _STEADY.items())
+
+
 def measure_latency(models: Mapping[str, Any], *, batch: int = 1, seq_len: int = 128, reps: int = 20,
                     warmup: int = 3, reference: str | None = None,
                     device: str | torch.device | None = None, min_sample_ms: float = MIN_SAMPLE_MS,
@@ -167,6 +192,8 @@ def measure_latency(models: Mapping[str, Any], *, batch: int = 1, seq_len: int =
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cuda = dev.type == "cuda"
     precisions = precisions or {}
+    if not cuda:
+        steady_allocator()
     runners = {name: _runner(obj, batch, seq_len, dev, precisions.get(name, "fp32")) for name, obj in models.items()}
 
     def timed(fn: Callable[[], Any], calls: int) -> float:

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 #: the widest spread a speedup is reported with: the 10th-90th percentile range of its per-round ratios over their
 #: median; wider, the rounds disagree too much to say (a busy machine, or a runtime whose calls vary; the result's
-#: `resolved` is False). On a quiet 2-core machine batch 1 spreads far less and batch 32 (one or two calls a sample,
-#: each through the shared caches) up to about a third; a second process on a core makes it a half and more
-MAX_SPREAD = 0.4
+#: `resolved` is False). A quiet machine's rounds spread far less, a second process on one of its cores twice as much
+MAX_SPREAD = 0.25
 
 
 def spread_of(speedup: float | None, low: float | None, high: float | None) -> float | None:

@@ -47,15 +47,17 @@ class Shape(Section):
     or a preset with some numbers overridden. MobileBERT shapes: ``hidden`` is the inter-block width, ``intra``
     the intra-block (bottleneck) width, ``embedding`` the embedding-table width, ``ffns`` the stacked FFNs per block."""
 
+    # a preset (tinybert4, minilm-l6-h384, mobilebert, distilbert6, ...); the keys below override it
     preset: str | None = None
-    layers: int | None = Field(None, ge=1)
-    hidden: int | None = Field(None, ge=1)
-    heads: int | None = Field(None, ge=1)
-    intermediate: int | None = Field(None, ge=1)
+    layers: int | None = Field(None, ge=1)  # transformer layers
+    hidden: int | None = Field(None, ge=1)  # hidden size (MobileBERT: the inter-block width)
+    heads: int | None = Field(None, ge=1)  # attention heads
+    intermediate: int | None = Field(None, ge=1)  # FFN inner size
+    # bert (for a student: the teacher's model type) | distilbert | mobilebert; None: the preset's, else bert
     arch: Literal["bert", "distilbert", "mobilebert"] | None = None
-    intra: int | None = Field(None, ge=1)
-    embedding: int | None = Field(None, ge=1)
-    ffns: int | None = Field(None, ge=1)
+    intra: int | None = Field(None, ge=1)  # MobileBERT: intra-block (bottleneck) width
+    embedding: int | None = Field(None, ge=1)  # MobileBERT: embedding-table width
+    ffns: int | None = Field(None, ge=1)  # MobileBERT: stacked FFNs per block
 
     #: MobileBertConfig field of each MobileBERT-only key.
     MOBILEBERT_KEYS: ClassVar[dict[str, str]] = {"intra": "intra_bottleneck_size", "embedding": "embedding_size",
@@ -95,13 +97,14 @@ class Shape(Section):
 # ------------------------------------------------------------------------------------------------ init
 
 class RandomInit(Section):
-    kind: Literal["random"] = "random"
+    kind: Literal["random"] = "random"  # init kind: random (random weights) | teacher_layers | pruned | checkpoint
 
 
 class TeacherLayersInit(Section):
     """DistilBERT's initialisation (Sanh et al., 2019, Sec. 3): the teacher's embeddings and these layers."""
 
-    kind: Literal["teacher_layers"] = "teacher_layers"
+    kind: Literal["teacher_layers"] = "teacher_layers"  # the teacher's embeddings and these layers
+    # the teacher layers copied, 0-based, one per student layer; auto: the recipe's choice
     teacher_layers: list[int] | Literal["auto"] = "auto"
 
     @field_validator("teacher_layers")
@@ -120,9 +123,10 @@ class PrunedInit(Section):
     ``teacher_layers`` and, in them, its most important heads, FFN neurons and hidden channels for the student's
     shape, ranked on ``samples`` real inputs (the task's training set, or the corpus for general distillation)."""
 
-    kind: Literal["pruned"] = "pruned"
+    kind: Literal["pruned"] = "pruned"  # width from the teacher by structured pruning
+    # the teacher layers taken and pruned, 0-based, one per student layer; auto: the recipe's choice
     teacher_layers: list[int] | Literal["auto"] = "auto"
-    samples: int = Field(512, ge=1)
+    samples: int = Field(512, ge=1)  # the stage's first N inputs, on which heads, FFN neurons and channels are ranked
     #: what is cut: ``teacher`` (its layers, in one cut) or ``student``: this student at the teacher's width first,
     #: from those layers through the recipe's task stage, then cut to the shape and trained again (`Recipe.run_task`,
     #: `Recipe.train_cut`: the gold labels, or TinyBERT's step 2; no layer-wise distillation after the cut)
@@ -134,8 +138,8 @@ class PrunedInit(Section):
 class CheckpointInit(Section):
     """A released general student (local directory or Hub name): skips general distillation."""
 
-    kind: Literal["checkpoint"] = "checkpoint"
-    checkpoint: str = Field(min_length=1)
+    kind: Literal["checkpoint"] = "checkpoint"  # a released general student: general distillation skipped
+    checkpoint: str = Field(min_length=1)  # its local directory or Hub name
 
 
 Init = Annotated[Union[RandomInit, TeacherLayersInit, PrunedInit, CheckpointInit], Field(discriminator="kind")]
@@ -177,19 +181,22 @@ class BudgetSpec(Section):
     round, twice as many in each next one) and halved on their mean dev retention until one is left (successive
     halving)."""
 
-    speedup: float | None = Field(None, gt=0)
-    latency_ms: float | None = Field(None, gt=0)
-    batch: int = Field(1, ge=1)
-    seq_len: int | None = Field(None, ge=8, le=512)
-    margin: float = Field(0.1, ge=0, lt=1)
-    depths: list[int] | None = None
+    speedup: float | None = Field(None, gt=0)  # at least this many times faster than the fp32 teacher
+    latency_ms: float | None = Field(None, gt=0)  # at most this many milliseconds per batch of `batch` x `seq_len`
+    batch: int = Field(1, ge=1)  # the batch size the budget is timed at
+    seq_len: int | None = Field(None, ge=8, le=512)  # tokens per sequence timed; None: `evaluation.latency_seq_len`
+    margin: float = Field(0.1, ge=0, lt=1)  # share of the limit kept free (0.1: a candidate must be 10% under it)
+    depths: list[int] | None = None  # candidate layer counts; None: 1 .. the teacher's
+    # candidate fractions of the teacher's heads (its head size kept)
     width_fractions: list[Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=lambda: [1.0, 0.75, 0.5],
                                                                        min_length=1)
+    # candidate fractions of the teacher's FFN / width ratio
     ffn_ratios: list[Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=lambda: [1.0, 0.5], min_length=1)
+    # deployed forms tried; None: every form this machine serves fast
     forms: list[Literal["fp32", "bf16", "int8"]] | None = None
-    shapes: int = Field(4, ge=1)
-    #: 4000: on the budget preset 1000 examples ranked a 1-layer student first, 4000 the 2-layer one that full
-    #: training then found better on both tasks (docs/presets.md, "A latency budget")
+    shapes: int = Field(4, ge=1)  # shapes that enter the training rounds (successive halving)
+    #: training examples per task in the first brief round (doubling each round): too few rank the shapes otherwise
+    #: than full training does (docs/budget.md)
     train_examples: int = Field(4000, ge=1)
 
     @model_validator(mode="after")
@@ -291,9 +298,10 @@ class StudentStage:
 class Recipe(Section):
     """Fields every recipe has; subclasses fix ``recipe``, the paper defaults and the behaviour."""
 
-    recipe: str
+    recipe: str                                # the paper: tinybert (default) | minilm | distilbert | mobilebert | pkd
     shape: Shape | None = None                 # exactly one of shape and budget
-    budget: BudgetSpec | None = None
+    budget: BudgetSpec | None = None           # a latency budget: the search stage picks the shape
+    # how the student's weights start: random | teacher_layers | pruned | checkpoint (a name, or {name: {keys}})
     init: Annotated[Init, Field(default_factory=RandomInit)]
     objectives: dict[str, float] | None = None  # None: the paper's (``OBJECTIVES``)
     general_distillation: bool | None = None    # None: on unless init is a checkpoint (see ``runs_general``)

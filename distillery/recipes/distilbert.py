@@ -35,12 +35,12 @@ class DistilBertRecipe(Recipe):
 
     recipe: Literal["distilbert"] = "distilbert"
     init: Annotated[Init, Field(default_factory=TeacherLayersInit)]
-    temperature: float = Field(2.0, gt=0)
-    mlm_probability: float = Field(0.15, gt=0, lt=1)
+    temperature: float = Field(2.0, gt=0)  # softmax temperature T of the soft-target loss L_ce
+    mlm_probability: float = Field(0.15, gt=0, lt=1)  # share of tokens masked for L_mlm (80/10/10)
     mask_smoothing: float = Field(0.7, ge=0)      # masking probability ~ count^-0.7 (official); 0 = uniform
-    adam_beta2: float = Field(0.98, gt=0, lt=1)
-    adam_epsilon: float = Field(1e-6, gt=0)
-    max_grad_norm: float = Field(5.0, gt=0)
+    adam_beta2: float = Field(0.98, gt=0, lt=1)  # AdamW beta2 of pre-training distillation (official)
+    adam_epsilon: float = Field(1e-6, gt=0)  # AdamW epsilon of pre-training distillation (official)
+    max_grad_norm: float = Field(5.0, gt=0)  # gradient clipping norm of pre-training distillation (official)
     gradient_accumulation_steps: int = Field(1, ge=1)  # the paper's ~4K-sequence batches: raise on a GPU
 
     OBJECTIVES: ClassVar[dict[str, float]] = {"soft_target_loss": 5.0, "mlm_loss": 2.0, "cosine_loss": 1.0}

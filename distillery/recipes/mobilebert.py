@@ -38,8 +38,11 @@ class IBTeacher(Section):
     width of twice the inter-block one and FFN 4 x intra (for the ``mobilebert`` student: IB-BERT_LARGE).
     The MLM schedule (lr, batch, warm-up, length) is ``pretrain``'s; ``epochs`` None means ``pretrain.epochs``."""
 
+    # convert (the pipeline's MLM teacher with bottlenecks inserted, continued MLM) | scratch (MLM from random weights)
     init: Literal["convert", "scratch"] = "convert"
+    # init scratch: its shape; None: the student's depth, width, heads, embedding; intra-block 2 x width, FFN 4 x intra
     shape: Shape | None = None
+    # MLM epochs (the rest of its schedule is `pretrain`'s); None: `pretrain.epochs`
     epochs: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
@@ -54,14 +57,16 @@ class MobileBertRecipe(Recipe):
     """MobileBERT: IB teacher -> layer-wise transfer -> pre-training distillation (eq. 4) -> fine-tuning."""
 
     recipe: Literal["mobilebert"] = "mobilebert"
-    ib_teacher: IBTeacher = IBTeacher()
+    ib_teacher: IBTeacher = IBTeacher()  # the IB-BERT teacher the student learns its layers from
+    # knowledge transfer: progressive (layer by layer) | joint (all layers at once) | auxiliary (in eq. 4, no own stage)
     transfer: Literal["progressive", "joint", "auxiliary"] = "progressive"
     lower_layer_lr_scale: float = Field(0.1, ge=0, le=1)  # Sec. 3.6 "a small learning rate"; official: 0.1
+    # knowledge transfer's total epochs (progressive: split evenly over the layers); None: `general_distillation.epochs`
     transfer_epochs: float | None = Field(None, gt=0)
     feature_map_normalized: bool = False          # official: layer-normalised maps + mean/variance terms
     alpha: float = Field(0.5, gt=0, lt=1)         # eq. 4; Appendix: 0.5 (= official distill_ground_truth_ratio)
     next_sentence_prediction: bool = True         # eq. 4's L_NSP on sentence pairs of the corpus documents
-    mlm_probability: float = Field(0.15, gt=0, lt=1)
+    mlm_probability: float = Field(0.15, gt=0, lt=1)  # share of tokens masked in pre-training distillation
 
     OBJECTIVES: ClassVar[dict[str, float]] = {"feature_map_loss": 1.0, "attention_transfer_loss": 1.0}
     ANY_DEPTH: ClassVar[bool] = True  # the IB teacher's depth, not the pipeline teacher's

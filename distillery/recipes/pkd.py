@@ -34,10 +34,12 @@ class PKDRecipe(Recipe):
 
     recipe: Literal["pkd"] = "pkd"
     init: Annotated[Init, Field(default_factory=lambda: TeacherLayersInit(teacher_layers="auto"))]
+    # the patient loss's teacher layers: skip (PKD-Skip: every N/k-th) | last (PKD-Last: the k-1 below the top)
     strategy: Literal["skip", "last"] = "skip"
-    alpha: float = Field(0.5, ge=0, le=1)
-    beta: float = Field(100.0, ge=0)
-    temperature: float = Field(10.0, gt=0)
+    alpha: float = Field(0.5, ge=0, le=1)  # weight of the soft targets L_DS; the gold labels' L_CE gets 1 - alpha
+    beta: float = Field(100.0, ge=0)  # weight of the patient loss L_PT
+    temperature: float = Field(10.0, gt=0)  # softmax temperature T of L_DS
+    # L_PT summed over layers and hidden size, a batch mean (paper), or a mean over every element (official)
     patient_reduction: Literal["paper", "official"] = "paper"
 
     OBJECTIVES: ClassVar[dict[str, float]] = {"hard_label_loss": 0.5, "prediction_loss": 0.5, "patient_loss": 100.0}

@@ -26,9 +26,13 @@ class TinyBertRecipe(Recipe):
     """TinyBERT: attention + hidden + embedding distillation, then the prediction layer."""
 
     recipe: Literal["tinybert"] = "tinybert"
+    # which teacher layer each student layer learns from, g(m): uniform (m <- m * N/M) | top | bottom
     layer_map: Literal["uniform", "top", "bottom"] = "uniform"
+    # attention loss as the official code: -10000 on padded keys, scores <= -100 zeroed, MSE over all positions;
+    # false: valid query-key pairs only
     official_attention_masking: bool = True
-    per_layer_projection: bool = False
+    per_layer_projection: bool = False  # one W_h per mapped hidden state instead of the paper's shared one
+    # prediction loss (eq. 10): soft CE summed over classes (paper) or averaged over them too (official)
     prediction_reduction: Literal["paper", "official"] = "paper"
     augmentation: bool = True       # task distillation on the augmented set when `augment.enabled` (Table 2 "w/o DA")
     intermediate_step: bool = True  # task-distillation step 1 (intermediate layers); off: step 2 (prediction) alone
