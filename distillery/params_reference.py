@@ -35,7 +35,7 @@ def _comments(cls: type) -> dict[str, str]:
         above = []
         i = node.lineno - 2
         while i >= 0 and src_lines[i].strip().startswith("#"):
-            above.insert(0, src_lines[i].strip().lstrip("#").strip())
+            above.insert(0, src_lines[i].strip().lstrip("#").lstrip(":").strip())
             i -= 1
         out[node.target.id] = (trailing or " ".join(above)).lstrip(":").strip()
     return out

@@ -17,3 +17,8 @@ def test_every_key_of_the_schema_is_a_row_with_its_default_and_the_comment_the_s
     assert "students.<name>.shape.layers" not in table
     page = render()
     assert page.startswith("# Params reference") and "| `evaluation.latency_rounds` | int | `20` |" in page
+
+
+def test_every_key_says_what_it_means():
+    missing = [key for key, _, _, text in rows(Params) if not text]
+    assert not missing, f"params keys without a comment in the schema: {missing}"
