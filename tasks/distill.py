@@ -43,10 +43,16 @@ def teacher_dims(p: Params):
     from transformers import AutoConfig
 
     from distillery.config import declared_teacher_dims
+    from distillery.errors import InputNotFoundError
     from distillery.models import Dims
 
     dims = declared_teacher_dims(p, paths.ROOT)
-    return dims if dims is not None else Dims.of_config(AutoConfig.from_pretrained(teacher_source(p)))
+    if dims is not None:
+        return dims
+    source = str(teacher_source(p))
+    if source.startswith((".", "/", "~")) and not Path(source).expanduser().exists():  # a path, not a Hub id
+        raise InputNotFoundError(f"teacher.name_or_path: {source}: no such directory")
+    return Dims.of_config(AutoConfig.from_pretrained(source))
 
 
 def chosen(student: str) -> dict[str, Any] | None:
