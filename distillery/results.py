@@ -95,16 +95,22 @@ def _score(entry: Mapping[str, Any]) -> str:
     return "-"
 
 
+def newest_first(rows: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The rows by date, newest first; of one date, the last appended first."""
+    return sorted(reversed(rows), key=lambda r: r["date"], reverse=True)
+
+
 def render(rows: list[Mapping[str, Any]]) -> str:
     """The log as Markdown: per run a heading line and one table row per model."""
     out = [HEADER]
-    for r in sorted(reversed(rows), key=lambda r: r["date"], reverse=True):  # newest first
+    for r in newest_first(rows):
         out.append(f"\n## {r['date']} · {r['commit']} · {r['machine']}\n\n`{r['command']}`"
                    + (f": {r['wall_s']:.0f} s" if r.get("wall_s") is not None else "") + "\n")
         if r.get("note"):
             out.append(f"\n{r['note']}\n")
         if r.get("transcribed"):
-            out.append(f"\nTranscribed from {r['transcribed']} (written up by hand before this log; no summary kept).\n")
+            out.append(f"\nTranscribed from {r['transcribed']} (written up by hand before this log; "
+                       "no summary kept).\n")
         for task, models in r["tasks"].items():
             out.append(f"\n| {task} | dev score | retention | gain over direct | speedup b1 [p10-p90] |\n"
                        "|---|---:|---:|---:|---:|\n")
@@ -122,7 +128,7 @@ def readme_table(rows: list[Mapping[str, Any]], task: str = "demo") -> str:
     measured = [r for r in rows if not r.get("transcribed") and task in r.get("tasks", {})]
     if not measured:
         return ""
-    run = sorted(reversed(measured), key=lambda r: r["date"], reverse=True)[0]
+    run = newest_first(measured)[0]
     models = run["tasks"][task]
 
     def speed(name: str) -> str:

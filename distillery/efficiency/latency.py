@@ -71,7 +71,7 @@ class LatencyResult:
     speedup_p90: float | None
     device: str
     threads: int
-    samples_ms: tuple[float, ...] = ()  # the model's time per batch in each sample, in order (the reference's: several a round)
+    samples_ms: tuple[float, ...] = ()  # time per batch of each sample, in order (the reference: several a round)
     ratios: tuple[float, ...] = ()  # the speedup in each round: the reference's samples around this model's over it
 
     @property
