@@ -56,7 +56,9 @@ def mib(n: float) -> str:
 def local_inputs(params_file: str, root: Path = ROOT) -> list[Path]:
     """The local paths outside the project `root` that the params read (the teacher directory, the GLUE directory,
     the SQuAD file, the corpus files, the word vectors); each must lie beside the project (under its parent)."""
-    from distillery.config import augment_sections, load_params, resolve_path
+    from distillery.config import augment_sections
+    from distillery.io import resolve_path
+    from distillery.preflight import load_params
     from distillery.errors import UserError
     from distillery.task_kinds import is_span
 

@@ -15,8 +15,13 @@ precisions, interleaved (fp32, bf16, bf16, fp32, ...), after a warm-up; the medi
       6 x 384 MLM (random weights, or --mlm DIR). With --mlm, also the overlap of the top-K candidates of the two
       precisions (does bf16 change what augmentation proposes? It does: the faithful path keeps fp32 forwards).
 
-Last line: ``train_speedup: X infer_speedup: Y aug_speedup: Z`` (X: (a) at length 128; Y: (c) at batch 32; Z: (d)),
-each fp32 time over bf16 time. On a device without fast bf16 it says so in one line and exits 0.
+Beside (a), this machine's matmul ceiling at the student's layer shapes in each precision
+(`distillery.efficiency.ceiling`), and the step's share of it (MFU: the step's FLOPs, student forward and backward and
+teacher forward, over its time, over the ceiling).
+
+Last line: ``train_speedup: X infer_speedup: Y aug_speedup: Z ceiling_ratio: R step_mfu_bf16: M step_mfu_fp32: N``
+(X: (a) at length 128; Y: (c) at batch 32; Z: (d); each fp32 time over bf16 time; R: the bf16 matmul ceiling over
+the fp32 one, the most X and Y could be; M, N: (a)'s MFU at length 128). On a device without fast bf16 it says so in one line and exits 0.
 """
 
 from __future__ import annotations
@@ -30,7 +35,12 @@ import torch
 import transformers
 
 from distillery import precision
+from distillery.efficiency.ceiling import StepFlops, layer_shapes, matmul_ceiling
 
+#: the matmul ceilings (FLOP/s) measured beside the distillation steps, by precision; each step's MFU, by
+#: (batch, length, precision)
+CEILINGS: dict[str, float] = {}
+MFU: dict[tuple[int, int, str], float] = {}
 #: (layers, hidden, heads, intermediate): the local preset's teacher (all-MiniLM-L6-v2) and its 3-layer student
 TEACHER, STUDENT = (6, 384, 12, 1536), (3, 384, 12, 1536)
 VOCAB = 30522
@@ -106,8 +116,18 @@ def distillation_step(batch: int, seq: int, reps: int, device: str = "cpu") -> f
     distiller = Distiller(student, teacher, DistillSpec(INTERMEDIATE, "intermediate", lm),
                           make_projection(student, teacher, lm)).train()
     inputs = {k: v for k, v in make_batch(batch, seq).items() if k != "labels"}
-    return _ratio(f"(a) distillation step, batch {batch}, length {seq}",
-                  train_steps(distiller, inputs, reps, teacher, student, device=device))
+    times = train_steps(distiller, inputs, reps, teacher, student, device=device)
+    ratio = _ratio(f"(a) distillation step, batch {batch}, length {seq}", times)
+    flops = StepFlops(student, teacher)(inputs)
+    shapes = layer_shapes(STUDENT[1], STUDENT[3], batch * seq)
+    for form, dtype in (("fp32", "float32"), ("bf16", "bfloat16")):
+        ceiling = matmul_ceiling(shapes, dtype=dtype, device=device).flops_per_s
+        CEILINGS[form] = ceiling
+        MFU[(batch, seq, form)] = flops / times[form] / ceiling
+        print(f"    {form}: {flops / times[form] / 1e12:.3f} TFLOP/s of a {ceiling / 1e12:.3f} TFLOP/s matmul ceiling "
+              f"at these shapes: MFU {MFU[(batch, seq, form)]:.2f}", flush=True)
+    print(f"    matmul ceiling bf16 / fp32: {CEILINGS['bf16'] / CEILINGS['fp32']:.2f}x", flush=True)
+    return ratio
 
 
 def squad_step(batch: int, reps: int, device: str = "cpu") -> float:
@@ -205,8 +225,11 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
            "squad_step": squad_step(args.squad_batch, args.reps, dev), "infer_b1": inference(1, 5 * args.reps, dev),
            "infer_speedup": inference(32, args.reps, dev),
            "aug_speedup": augmentation(args.sentences, args.mlm, args.reps, dev)}
+    res.update(ceiling_ratio=CEILINGS["bf16"] / CEILINGS["fp32"], step_mfu_bf16=MFU[(32, 128, "bf16")],
+               step_mfu_fp32=MFU[(32, 128, "fp32")])
     print(f"train_speedup: {res['train_speedup']:.2f} infer_speedup: {res['infer_speedup']:.2f} "
-          f"aug_speedup: {res['aug_speedup']:.2f}")
+          f"aug_speedup: {res['aug_speedup']:.2f} ceiling_ratio: {res['ceiling_ratio']:.2f} "
+          f"step_mfu_bf16: {res['step_mfu_bf16']:.2f} step_mfu_fp32: {res['step_mfu_fp32']:.2f}")
     return res
 
 

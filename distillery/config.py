@@ -1,4 +1,5 @@
-"""Typed pipeline configuration: `params.yaml` validated before any work.
+"""Typed pipeline configuration: the schema `params.yaml` is validated against before any work (its checks against
+files, the Hub and the teacher: `distillery.preflight`).
 
 One section per pipeline stage. Unknown keys, wrong types and impossible values stop the run with a
 message naming the file and the dotted key (e.g. ``params.yaml: task_distillation.prediction.learning_rates: ...``).
@@ -6,20 +7,15 @@ message naming the file and the dotted key (e.g. ``params.yaml: task_distillatio
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from distillery.errors import UserError
-from distillery.io import hub_offline, resolve_path
-from distillery.models import Dims
 from distillery.recipes import (
     INIT_KINDS,
     RECIPE_NAMES,
-    RecipeError,
     Section,
     Shape,
     StudentRecipe,
@@ -555,9 +551,9 @@ def _format_error(path: str, exc: ValidationError, prefix: str = "") -> str:
     return "\n".join(lines)
 
 
-def parse_params(data: dict[str, Any], path: str = "params.yaml", root: Path | None = None) -> Params:
-    """Validate the schema (types, ranges, names); no file is read. The tasks of your own (``data.custom``) join the
-    task registry, their paths relative to `root` (default: the project the params file is in)."""
+def parse_params(data: dict[str, Any], path: str = "params.yaml") -> Params:
+    """Validate the schema (types, ranges, names); no file is read and nothing is registered (the checks against
+    files and the Hub, and the tasks of your own joining the task registry: `distillery.preflight`)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     try:
@@ -574,238 +570,9 @@ def parse_params(data: dict[str, Any], path: str = "params.yaml", root: Path | N
         problem = _uneven_batches(q.distributed.nproc_per_node, dict(q))
         if problem:
             raise ConfigError(f"{path}: per_task.{task}: {problem}")
-    if p.data.custom:
-        from distillery import custom_tasks
-
-        custom_tasks.register_tasks(p.data.custom, _root(path, root))
     return p
-
-
-def declared_teacher_dims(p: Params, root: Path) -> Dims | None:
-    """The teacher's dims from its params shape or its local config.json; None for a Hub name (read at stage time)."""
-    t = p.teacher
-    if t.init == "scratch":
-        from distillery.models import ModelConfigError
-
-        try:
-            return Dims.of_shape(t.shape.resolve(), t.vocab_size)
-        except ModelConfigError as exc:
-            raise ConfigError(f"teacher.shape: {exc}") from None
-    local = resolve_path(t.name_or_path, root)
-    if not local.exists():
-        return None
-    if not (local / "config.json").is_file():
-        raise ConfigError(f"teacher.name_or_path: {local} has no config.json (not a model directory)")
-    from transformers import AutoConfig
-
-    return Dims.of_config(AutoConfig.from_pretrained(str(local)))
-
-
-def has_mlm_head(name_or_path: str, root: Path) -> bool | None:
-    """Whether a local checkpoint was saved with an MLM head (None when it cannot be told: a Hub name)."""
-    local = resolve_path(name_or_path, root)
-    if not (local / "config.json").is_file():
-        return None
-    import json
-
-    archs = json.loads((local / "config.json").read_text(encoding="utf-8")).get("architectures") or []
-    return any(a.endswith(("ForMaskedLM", "ForPreTraining")) for a in archs)
 
 
 def augment_sections(p: Params) -> list[AugmentSection]:
     """The `augment` settings each task runs with (its own under `per_task`, else the run's)."""
     return [p.for_task(t).augment for t in p.data.tasks]
-
-
-def _root(path: str, root: Path | None) -> Path:
-    root = Path(root) if root is not None else Path(path).resolve().parent
-    return root.parent if root.name == "params" else root  # a preset in params/: paths are relative to the project
-
-
-def check_params(p: Params, path: str = "params.yaml", root: Path | None = None) -> Params:
-    """What params alone can tell beyond the schema: every student recipe against its teacher (layer maps,
-    heads, widths, relation heads, teacher layers, MLM head for pre-training distillation), local checkpoints."""
-    root = _root(path, root)
-    from distillery.precision import PrecisionError, resolve
-
-    try:
-        resolve(p.precision)
-    except PrecisionError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    if any(a.enabled and a.mlm == "teacher" for a in augment_sections(p)) and not p.pretrain.enabled:
-        raise ConfigError(f"{path}: augment.mlm: 'teacher' is the pre-training stage's MLM and needs pretrain.enabled; "
-                          "give a masked-LM checkpoint (directory or Hub name) instead, or set augment.enabled: false")
-    _check_span_windows(p, path)
-    _check_students(p, declared_teacher_dims(p, root), path, root)
-    return p
-
-
-def _check_span_windows(p: Params, path: str) -> None:
-    """Each span task's windows (`distillery.squad.FeatureConfig`) checked before any stage: one error naming the
-    keys."""
-    from distillery.task_kinds import is_span
-
-    for task in (t for t in p.data.tasks if is_span(t)):
-        from distillery.squad.features import FeatureConfig  # with `datasets`: only where a span task is
-
-        d = p.for_task(task).data
-        try:
-            FeatureConfig(max_length=d.max_length, doc_stride=d.doc_stride, max_query_length=d.max_query_length)
-        except ValueError as exc:
-            where = f"per_task.{task}.data" if task in p.per_task and p.per_task[task].data else "data"
-            raise ConfigError(f"{path}: {where}.doc_stride (task {task}): {exc}") from None
-
-
-def _check_students(p: Params, teacher: Dims | None, path: str, root: Path) -> None:
-    mlm_teacher = p.pretrain.enabled or (p.teacher.init == "pretrained" and has_mlm_head(p.teacher.name_or_path, root))
-    for name, recipe in p.students.items():
-        key = f"students.{name}"
-        if recipe.init.kind == "checkpoint":
-            ckpt = resolve_path(recipe.init.checkpoint, root)
-            from distillery.models import _looks_local
-
-            if _looks_local(recipe.init.checkpoint) and not (ckpt / "config.json").is_file():
-                problem = ("is not a model directory (no config.json)" if ckpt.exists() else "not found; give an "
-                           "existing directory (relative paths start at the project root) or a Hub model id")
-                raise ConfigError(f"{path}: {key}.init.checkpoint: {ckpt} {problem}")
-        if recipe.needs_mlm_teacher and mlm_teacher is False:
-            raise ConfigError(f"{path}: {key}: pre-training distillation needs a teacher with an MLM head: set "
-                              "pretrain.enabled, or a teacher checkpoint saved with one")
-        if teacher is not None:
-            try:
-                recipe.verify(teacher, key)
-            except RecipeError as exc:
-                raise ConfigError(f"{path}: {exc}") from None
-
-
-def _check_model_ref(name: str, root: Path, key: str, path: str, what: str = "model") -> Path | None:
-    """A params model reference (local directory or Hub name) that can be used: an existing directory with a
-    config.json (returned), or a valid Hub id that is cached when the Hub is offline (its cached config.json is
-    returned, or None when it will be downloaded). Raises ConfigError naming ``key`` otherwise."""
-    from distillery.models import _looks_local
-
-    local = resolve_path(name, root)
-    if local.exists():
-        if not (local / "config.json").is_file():
-            raise ConfigError(f"{path}: {key}: {local} is not a {what} directory (no config.json)")
-        return local / "config.json"
-    if _looks_local(name):
-        raise ConfigError(f"{path}: {key}: {what} directory {local} not found; give an existing directory "
-                          "(relative paths start at the project root) or a Hub model id")
-    from huggingface_hub import try_to_load_from_cache
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    try:
-        validate_repo_id(name)
-    except HFValidationError:
-        raise ConfigError(f"{path}: {key}: {name!r} is neither an existing directory ({local}) nor a Hub model id "
-                          "(org/name)") from None
-    cached = try_to_load_from_cache(name, "config.json")
-    if isinstance(cached, str):
-        return Path(cached)
-    if hub_offline():
-        raise ConfigError(f"{path}: {key}: {name!r} is not a directory ({local} not found) and not in the Hugging "
-                          "Face cache, and the Hub is offline (HF_HUB_OFFLINE); give a local model directory, or run "
-                          "with HF_HUB_OFFLINE=0 to download it")
-    return None
-
-
-def _check_file(entry: str, root: Path, key: str, path: str, *, directory_ok: bool = False) -> Path:
-    local = resolve_path(entry, root)
-    if not local.exists() or (not directory_ok and local.is_dir()):
-        what = "file or directory" if directory_ok else "file"
-        raise ConfigError(f"{path}: {key}: {what} {local} not found (relative paths start at the project root)")
-    return local
-
-
-def check_inputs(p: Params, path: str = "params.yaml", root: Path | None = None) -> Params:
-    """Every input the params name exists and is what it should be, before the first stage runs: the teacher
-    (a local model directory, or a Hub id, cached when the Hub is offline; a cached Hub teacher's config is read
-    for the recipe checks), its tokenizer, the GLUE directory with each task's files, the corpus files, the
-    word-vector file, the augmentation MLM (with an MLM head) and the students' init checkpoints."""
-    from distillery.glue.tasks import get_task, tasks_evaluated_with
-
-    root = _root(path, root)
-    t = p.teacher
-    if t.init == "pretrained":
-        config = _check_model_ref(t.name_or_path, root, "teacher.name_or_path", path, "teacher")
-        if config is not None and not resolve_path(t.name_or_path, root).exists():  # a cached Hub teacher
-            from transformers import AutoConfig
-
-            _check_students(p, Dims.of_config(AutoConfig.from_pretrained(str(config.parent))), path, root)
-    if t.tokenizer not in (None, "demo"):
-        _check_file(t.tokenizer, root, "teacher.tokenizer", path, directory_ok=True)
-    for task, ref in t.finetuned.items():
-        _check_model_ref(ref, root, f"teacher.finetuned.{task}", path, "fine-tuned teacher")
-    if p.data.source == "local" and "squad" in p.data.tasks:
-        _check_file(p.data.squad_file, root, "data.squad_file", path)
-    if p.data.source == "local" and p.data.glue_dir:
-        glue_dir = resolve_path(p.data.glue_dir, root)
-        if not glue_dir.is_dir():
-            raise ConfigError(f"{path}: data.glue_dir: directory {glue_dir} not found (the GLUE download layout: "
-                              "<glue_dir>/SST-2/train.tsv, ...)")
-        for task in [t for t in p.data.tasks if t != "squad" and t not in p.data.custom]:
-            for name in tasks_evaluated_with(task):
-                spec = get_task(name)
-                needed = [f for s, f in spec.files.items() if s in ("train", "dev")]
-                missing = [f for f in needed if not (glue_dir / spec.dirname / f).is_file()]
-                if not (glue_dir / spec.dirname).is_dir() or missing:
-                    raise ConfigError(f"{path}: data.tasks: {name} needs {glue_dir / spec.dirname}/ with "
-                                      f"{', '.join(needed) or 'its files'} (missing: {', '.join(missing) or 'the directory'})")
-    for name, own in p.data.custom.items():
-        for split in CUSTOM_SPLITS:
-            if getattr(own, split) is not None:
-                _check_file(getattr(own, split), root, f"data.custom.{name}.{split}", path)
-    if p.corpus.source == "files":
-        for i, entry in enumerate(p.corpus.paths):
-            local = _check_file(entry, root, f"corpus.paths[{i}]", path, directory_ok=True)
-            if local.is_dir() and not any(local.rglob("*.txt")):
-                raise ConfigError(f"{path}: corpus.paths[{i}]: directory {local} holds no .txt file")
-    augments = [a for a in augment_sections(p) if a.enabled]
-    if augments and p.word_vectors.source == "file":
-        _check_file(p.word_vectors.path, root, "word_vectors.path", path)
-    for mlm in dict.fromkeys(a.mlm for a in augments if a.mlm != "teacher"):
-        config = _check_model_ref(mlm, root, "augment.mlm", path, "masked-LM")
-        if config is not None:
-            import json
-
-            archs = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
-            if archs and not any(a.endswith(("ForMaskedLM", "ForPreTraining")) for a in archs):
-                raise ConfigError(f"{path}: augment.mlm: {mlm} has no MLM head (saved as {archs[0]}); "
-                                  "give a masked-LM checkpoint (…ForMaskedLM), or 'teacher' with pretrain.enabled")
-    for name, recipe in p.students.items():
-        if recipe.init.kind == "checkpoint":
-            _check_model_ref(recipe.init.checkpoint, root, f"students.{name}.init.checkpoint", path, "checkpoint")
-    return p
-
-
-def load_params(path: str | Path = "params.yaml", *, check: bool = True, inputs: bool = False,
-                root: Path | None = None) -> Params:
-    """Read and validate a params file; raise ConfigError naming the file and key on any problem.
-    ``check`` also runs :func:`check_params` (reads the teacher's config.json when it is local); ``inputs`` also
-    :func:`check_inputs` (every path the params name exists; relative paths start at ``root``).
-    The same bytes are parsed and checked once per process (the result is immutable); the inputs, which may change
-    on disk, are checked at every call."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: params file not found")
-    p = _parsed(str(path), path.read_bytes(), check, None if root is None else str(root))
-    if p.data.custom:  # parsed once per process, registered at every load (another params file may share a name)
-        from distillery import custom_tasks
-
-        custom_tasks.register_tasks(p.data.custom, _root(str(path), root))
-    if inputs:
-        check_inputs(p, str(path), root)
-    return p
-
-
-@functools.lru_cache(maxsize=32)
-def _parsed(path: str, text: bytes, check: bool, root: str | None) -> Params:
-    try:
-        data = yaml.safe_load(text.decode("utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    p = parse_params(data, path, None if root is None else Path(root))
-    if check:
-        check_params(p, path, None if root is None else Path(root))
-    return p

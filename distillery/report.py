@@ -237,19 +237,58 @@ def _intro(tasks: list[str], rows: list[dict[str, Any]]) -> str:
 
 
 def render_markdown(tasks: list[str], rows: list[dict[str, Any]], notes: list[str] = (),
-                    lines: list[str] = ()) -> str:
-    """The table under its introduction (with `notes`), then `lines` as a list, one item each."""
+                    lines: list[str] = (), utilisation: Mapping[str, Mapping[str, float]] | None = None) -> str:
+    """The table under its introduction (with `notes`), then `lines` as a list, one item each; then each training
+    stage's share of the machine's matmul ceiling (`stage_utilisation`), when given."""
     head = _header(tasks)
     table = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     table += ["| " + " | ".join(_cells(tasks, r)) + " |" for r in rows]
     items = "".join(f"- {line}\n" for line in lines)
-    return " ".join([_intro(tasks, rows), *notes]) + "\n\n" + (items + "\n" if items else "") + "\n".join(table) + "\n"
+    text = " ".join([_intro(tasks, rows), *notes]) + "\n\n" + (items + "\n" if items else "") + "\n".join(table) + "\n"
+    if utilisation:
+        util = ["| " + " | ".join(UTILISATION_HEADER) + " |", "|---|" + "---:|" * (len(UTILISATION_HEADER) - 1)]
+        util += ["| " + " | ".join(_utilisation_cells(name, u)) + " |" for name, u in utilisation.items()]
+        text += "\n" + UTILISATION_INTRO + "\n\n" + "\n".join(util) + "\n"
+    return text
+
+
+#: the columns of the training stages' utilisation table
+UTILISATION_HEADER = ("training run", "TFLOP/s", "matmul ceiling TFLOP/s", "MFU", "padded positions")
+UTILISATION_INTRO = ("Each training stage's achieved FLOP/s (the papers' count: student forward and backward, the "
+                     "teacher's forward where it ran, over the run's wall time) against this machine's own matmul "
+                     "throughput at the run's shapes and precision, measured in the run (its model FLOPs "
+                     "utilisation, MFU), and the share of the positions it fed that were padding.")
+
+
+def _utilisation_cells(name: str, u: Mapping[str, float]) -> list[str]:
+    return [name, f"{u['train_tflops']:.3g}", f"{u['ceiling_tflops']:.3g}", f"{u['mfu']:.0%}",
+            f"{u.get('padded_share', 0.0):.0%}"]
+
+
+def stage_utilisation(curves: Mapping[str, str | os.PathLike]) -> dict[str, dict[str, float]]:
+    """name -> the end row's ``train_tflops``, ``ceiling_tflops``, ``mfu`` and ``padded_share`` of every training
+    log (`train_log.csv`) whose run logged them (`distillery.efficiency.ceiling.utilisation`)."""
+    out = {}
+    for name, path in curves.items():
+        with open(path, newline="", encoding="utf-8") as fh:
+            ends = [r for r in csv.DictReader(fh) if r.get("mfu") not in (None, "")]
+        if ends:
+            out[name] = {k: float(ends[-1][k]) for k in ("train_tflops", "ceiling_tflops", "mfu", "padded_share")
+                         if ends[-1].get(k) not in (None, "")}
+    return out
 
 
 def render_html(tasks: list[str], rows: list[dict[str, Any]], images: list[str], notes: list[str] = (),
-                lines: list[str] = ()) -> str:
+                lines: list[str] = (), utilisation: Mapping[str, Mapping[str, float]] | None = None) -> str:
     th = "".join(f"<th>{html.escape(h)}</th>" for h in _header(tasks))
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(tasks, r)) + "</tr>\n" for r in rows)
+    util = ""
+    if utilisation:
+        uth = "".join(f"<th>{html.escape(h)}</th>" for h in UTILISATION_HEADER)
+        ubody = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _utilisation_cells(n, u)) + "</tr>\n"
+                        for n, u in utilisation.items())
+        util = (f"<h2>Training against the machine's matmul ceiling</h2>\n<p>{html.escape(UTILISATION_INTRO)}</p>\n"
+                f"<table><thead><tr>{uth}</tr></thead><tbody>\n{ubody}</tbody></table>\n")
     imgs = "".join(f'<figure><img src="{html.escape(i)}" alt="{html.escape(i)}" width="560"></figure>\n' for i in images)
     items = "".join(f"<li>{html.escape(line)}</li>\n" for line in lines)
     return ("<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>distillery report</title>\n"
@@ -257,7 +296,7 @@ def render_html(tasks: list[str], rows: list[dict[str, Any]], images: list[str],
             "padding:4px 8px;text-align:right}td:first-child,th:first-child{text-align:left}</style></head><body>\n"
             f"<h1>Students vs teacher</h1>\n<p>{html.escape(' '.join([_intro(tasks, rows), *notes]))}</p>\n"
             + (f"<ul>\n{items}</ul>\n" if items else "") +
-            f"<table><thead><tr>{th}</tr></thead><tbody>\n{body}</tbody></table>\n{imgs}</body></html>\n")
+            f"<table><thead><tr>{th}</tr></thead><tbody>\n{body}</tbody></table>\n{util}{imgs}</body></html>\n")
 
 
 def read_loss_curve(path: str | os.PathLike) -> tuple[list[float], list[float]]:
@@ -481,6 +520,7 @@ def write_report(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], out_dir
     if curves:
         written.append(_curve_panels(curves, out / "loss_curves.png"))
         images.append("loss_curves.png")
-    written.insert(0, write_text(out / "table.md", render_markdown(tasks, rows, notes, lines)))
-    written.insert(1, write_text(out / "table.html", render_html(tasks, rows, images, notes, lines)))
+    util = stage_utilisation(loss_curves or {})
+    written.insert(0, write_text(out / "table.md", render_markdown(tasks, rows, notes, lines, util)))
+    written.insert(1, write_text(out / "table.html", render_html(tasks, rows, images, notes, lines, util)))
     return written

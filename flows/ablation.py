@@ -23,7 +23,8 @@ from tasks import env  # (before prefect)
 
 import yaml
 
-from distillery.config import ConfigError, Params, load_params
+from distillery.config import ConfigError, Params
+from distillery.preflight import load_params
 from distillery.errors import debug_requested, run_main
 from distillery.io import atomic_path, write_text
 from flows.pipeline import add_params_options, params_path, pipeline

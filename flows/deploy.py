@@ -21,7 +21,7 @@ import sys
 
 from tasks import env
 
-from distillery.config import load_params
+from distillery.preflight import load_params
 from distillery.errors import ArgumentParser, UserError, debug_requested, run_main
 from flows.pipeline import add_params_options, params_path, pipeline
 

@@ -159,7 +159,7 @@ def _stage_spec(stage, p, item: str | None, raw: dict[str, Any], params_arg: str
 
 def render(params_path: str | os.PathLike = "params.yaml") -> str:
     """The dvc.yaml text for the pipeline under `params_path` (relative paths: to the current directory)."""
-    from distillery.config import load_params
+    from distillery.preflight import load_params
     from flows.stages import STAGES, items
     from tasks.execute import curve_name
 

@@ -33,7 +33,8 @@ from tasks import env  # noqa: F401  (before prefect)
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from distillery.config import ConfigError, Params, load_params
+from distillery.config import ConfigError, Params
+from distillery.preflight import load_params
 from distillery.errors import EXIT_USER_ERROR, UserError, debug_requested, report
 from distillery.precision import describe
 from flows import api_server

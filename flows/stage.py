@@ -25,7 +25,7 @@ import sys
 
 from tasks import env  # noqa: F401
 
-from distillery.config import load_params
+from distillery.preflight import load_params
 from distillery.errors import UserError, debug_requested, run_main
 
 

@@ -92,7 +92,7 @@ def resolve(path: str | None) -> Path:
     """A params path: absolute, ~-expanded, or relative to the project root."""
     if path is None:
         raise ValueError("a path is required here")
-    from distillery.config import resolve_path
+    from distillery.io import resolve_path
 
     return resolve_path(path, paths.ROOT)
 

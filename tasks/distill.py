@@ -42,7 +42,7 @@ def teacher_dims(p: Params):
     """The teacher's dims: from params (a scratch shape, a local config.json), else its Hub config."""
     from transformers import AutoConfig
 
-    from distillery.config import declared_teacher_dims
+    from distillery.preflight import declared_teacher_dims
     from distillery.errors import InputNotFoundError
     from distillery.models import Dims
 

@@ -37,12 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import set_seed
 
     from distillery.config import parse_params
+    from distillery.preflight import register_custom_tasks
     from distillery.io import write_json
     from distillery.training.distributed import is_main, start
 
     from tasks import paths
 
-    p = parse_params(json.loads(Path(args.params).read_text(encoding="utf-8")), args.params, paths.ROOT)
+    p = register_custom_tasks(parse_params(json.loads(Path(args.params).read_text(encoding="utf-8")), args.params),
+                              args.params, paths.ROOT)
     module, name = args.target.split(":")
     run = getattr(importlib.import_module(module), name)
     start(None if p.distributed.backend == "auto" else p.distributed.backend)

@@ -161,3 +161,18 @@ def test_the_checks_see_the_code():
     assert "distillery.recipes.base" in g["distillery.recipes.tinybert"]
     assert any(b.startswith("tasks.") for b in g["flows.stages"])
     assert sum(1 for _ in functions((ROOT / "tasks").rglob("*.py"))) > 50
+
+
+def test_the_params_schema_reads_no_file_and_asks_no_hub():
+    """distillery/config.py is the schema alone: the checks against files, the Hub and the teacher and the custom
+    tasks' registration are the pre-flight's (distillery/preflight.py)."""
+    tree = ast.parse((ROOT / "distillery" / "config.py").read_text(encoding="utf-8"))
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    outside = {m for m in imported if m.split(".")[0] in ("huggingface_hub", "transformers", "yaml")
+               or m in ("distillery.io", "distillery.preflight")}
+    assert not outside, f"config.py imports {sorted(outside)}"
+    calls = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+    touching = calls & {"exists", "is_file", "is_dir", "read_text", "read_bytes", "open", "rglob", "glob",
+                        "register_tasks"}
+    assert not touching, f"config.py calls {sorted(touching)}"

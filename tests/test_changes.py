@@ -17,7 +17,7 @@ def test_a_registered_teacher_resolves_to_the_version_its_alias_names(tmp_path, 
     import mlflow
     import transformers
 
-    from distillery.config import load_params
+    from distillery.preflight import load_params
     from distillery.errors import UserError
     from tasks import paths, registered
 

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distillery.config import ConfigError, load_params, parse_params
+from distillery.config import ConfigError, parse_params
+from distillery.preflight import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 

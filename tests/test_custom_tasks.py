@@ -16,18 +16,20 @@ import pytest
 
 from distillery import custom_tasks
 from distillery.config import ConfigError, parse_params
+from distillery.preflight import register_custom_tasks
 from distillery.glue import compute_metrics, format_predictions, get_task, load_local, main_score
 
 SHARED_GLUE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "glue"
 
 
 def params(tmp_path: Path, custom: dict, tasks: list[str] | None = None):
-    return parse_params({"data": {"source": "demo", "tasks": tasks or list(custom), "custom": custom},
-                         "teacher": {"init": "scratch", "shape": {"layers": 2, "hidden": 16, "heads": 2,
-                                                                  "intermediate": 32}},
-                         "students": {"tiny": {"recipe": "tinybert", "shape": {"layers": 1, "hidden": 16, "heads": 2,
-                                                                                "intermediate": 32}}}},
-                        str(tmp_path / "params.yaml"))
+    """Parsed, and the tasks registered (as every load of a params file registers them: `distillery.preflight`)."""
+    path = str(tmp_path / "params.yaml")
+    return register_custom_tasks(parse_params({
+        "data": {"source": "demo", "tasks": tasks or list(custom), "custom": custom},
+        "teacher": {"init": "scratch", "shape": {"layers": 2, "hidden": 16, "heads": 2, "intermediate": 32}},
+        "students": {"tiny": {"recipe": "tinybert", "shape": {"layers": 1, "hidden": 16, "heads": 2,
+                                                              "intermediate": 32}}}}, path), path)
 
 
 def write_csv(path: Path, header: list[str], rows: list[list], delimiter: str = ",") -> Path:
@@ -133,8 +135,10 @@ def test_the_distilbert_paper_presets_imdb_from_a_repository_in_the_hubs_layout(
     raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "params" / "paper-distilbert6.yaml").read_text())
     assert raw["data"]["custom"]["imdb"]["hub"] == "stanfordnlp/imdb" and "imdb" in raw["data"]["tasks"]
     imdb = {**raw["data"]["custom"]["imdb"], "hub": str(imdb_repo(tmp_path))}
-    p = parse_params({**raw, "data": {**raw["data"], "source": "demo", "tasks": ["imdb"], "custom": {"imdb": imdb}},
-                      "per_task": {"imdb": raw["per_task"]["imdb"]}}, str(tmp_path / "params.yaml"))
+    p = register_custom_tasks(parse_params({**raw, "data": {**raw["data"], "source": "demo", "tasks": ["imdb"],
+                                                           "custom": {"imdb": imdb}},
+                                            "per_task": {"imdb": raw["per_task"]["imdb"]}}, str(tmp_path / "params.yaml")),
+                              str(tmp_path / "params.yaml"))
     assert p.for_task("imdb").data.max_length == 512 and get_task("imdb").labels == ("neg", "pos")
     dsd = custom_tasks.load("imdb", p.data.custom["imdb"], tmp_path)
     assert dsd["train"].num_rows == 6 and dsd["dev"]["label"][:] == [0, 1, 0, 1]
@@ -216,7 +220,7 @@ def test_a_hub_dataset_offline_says_so(tmp_path, monkeypatch):
 
 
 def test_files_are_checked_before_any_stage(tmp_path):
-    from distillery.config import check_inputs
+    from distillery.preflight import check_inputs
 
     p = params(tmp_path, {"tickets": tickets(tmp_path, test=str(tmp_path / "nowhere.csv"))})
     with pytest.raises(ConfigError, match=r"data.custom.tickets.test: file .*nowhere.csv not found"):
@@ -324,6 +328,7 @@ def _given(project, teacher: Path):
                       "students": {"tiny": {"recipe": "tinybert", "shape": {"layers": 1, "hidden": 16, "heads": 2,
                                                                              "intermediate": 32}}}},
                      str(project / "params.yaml"))
+    register_custom_tasks(p, str(project / "params.yaml"))
     save_task(p, "tickets", custom_tasks.load("tickets", p.data.custom["tickets"], project))
     return p
 

@@ -17,7 +17,7 @@ import pytest
 
 from tasks import env  # noqa: F401
 
-from distillery.config import load_params
+from distillery.preflight import load_params
 from flows.pipeline import DeviceSlots, _drop_dask_close_timeout
 from flows.stages import STAGES, needed, nodes, upstream
 from helpers import EVENT_LINE, ONE_STUDENT, make_project, run, stage_lines

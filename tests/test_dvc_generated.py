@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distillery.config import load_params
+from distillery.preflight import load_params
 from flows import dvc as gen
 from flows.stages import STAGES, items
 from tasks.execute import curve_name

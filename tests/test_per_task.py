@@ -148,7 +148,7 @@ def test_a_tasks_batch_sizes_must_split_across_the_processes():
 
 
 def test_the_mlm_of_augmentation_is_checked_for_every_task():
-    from distillery.config import check_params
+    from distillery.preflight import check_params
 
     data = two_tasks({"cola": {"augment": {"enabled": True}}})
     data["augment"]["enabled"] = False

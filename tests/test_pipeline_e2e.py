@@ -197,7 +197,7 @@ def test_dvc_repro_then_noop(one_student_project):
         config.write_text(edited)
         status = json.loads(run([sys.executable, "-m", "dvc", "status", "--json"], project).stdout)
         assert set(status) == set(declared)
-        fresh = run([sys.executable, "-c", "from distillery.config import load_params\n"
+        fresh = run([sys.executable, "-c", "from distillery.preflight import load_params\n"
                      "from flows.stages import STAGES, items\nfrom tasks.stage import is_fresh\n"
                      "p = load_params('params.yaml')\n"
                      "print(sum(is_fresh(s, p, i) for n, s in STAGES.items() for i in items(n, p)))"], project).stdout

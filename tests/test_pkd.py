@@ -13,7 +13,8 @@ import torch
 import transformers
 import yaml
 
-from distillery.config import ConfigError, check_params, parse_params
+from distillery.config import ConfigError, parse_params
+from distillery.preflight import check_params
 from distillery.models import Dims
 from distillery.objectives.pkd import hard_label_loss, patient_loss
 from distillery.objectives.registry import TERMS
@@ -153,7 +154,7 @@ def test_task_stage_end_to_end(tok, tmp_path):
     assert acc > 0.7, acc
 
 
-def test_the_extra_step_on_the_augmented_set_follows_patient_distillation(tok, tmp_path):
+def test_the_extra_step_on_the_augmented_set_follows_patient_distillation(tok, tmp_path, monkeypatch):
     """`task_distillation: augmented`: after the patient grid (gold set, its own T), prediction-layer distillation of
     its best run on the augmented set at the prediction section's temperature; the better of the two on dev is the
     student."""
@@ -183,9 +184,17 @@ def test_the_extra_step_on_the_augmented_set_follows_patient_distillation(tok, t
                           general=None, pretrained=None, logits_cache=None, grid=lambda section: (grid, template),
                           load=load)
     recipe = PKD(shape={"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64}, task_distillation="augmented")
-    assert recipe.uses_augmented_data and recipe.loss_options(temperature=1.0).temperature == 1.0
-    assert recipe.loss_options().temperature == recipe.temperature == 10.0
+    assert recipe.uses_augmented_data and recipe.loss_options().temperature == recipe.temperature == 10.0
+    from distillery.training import grid as grid_module
+
+    temperatures, real = [], grid_module.prediction_grid
+
+    def spy(teacher, student, spec, run, g):
+        temperatures.append(spec.options.temperature)
+        return real(teacher, student, spec, run, g)
+    monkeypatch.setattr(grid_module, "prediction_grid", spy)
     best, _ = recipe.task_stage(ctx)
+    assert temperatures == [10.0, 1.0]  # PKD's own T in its grid, the prediction section's in the extra step
 
     def grid_best(folder):
         record = json.loads((tmp_path / "student" / folder / "grid.json").read_text())

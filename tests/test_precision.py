@@ -12,7 +12,8 @@ import transformers
 import yaml
 
 from distillery import precision
-from distillery.config import ConfigError, load_params
+from distillery.config import ConfigError
+from distillery.preflight import load_params
 from distillery.layer_map import build_layer_map
 from distillery.objectives import TERMS, LossOptions
 from distillery.training.distill import Distiller, distill, make_projection

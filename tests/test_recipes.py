@@ -12,7 +12,8 @@ import torch
 import transformers
 import yaml
 
-from distillery.config import ConfigError, check_params, parse_params
+from distillery.config import ConfigError, parse_params
+from distillery.preflight import check_params
 from distillery.layer_map import build_layer_map
 from distillery.models import Dims
 from distillery.recipes import (

@@ -111,6 +111,10 @@ def test_finetune_keeps_best_checkpoint(tmp_path):
     assert sorted({r["epoch"] for r in evals}) == [1.0, 2.0, 3.0, 4.0]
     assert metrics["eval_main"] == pytest.approx(max(r["eval_main"] for r in evals))
     assert metrics["eval_accuracy"] > 0.9
+    end = next(r for r in read_log(final / "train_log.csv") if "train_runtime" in r)  # its FLOP/s against the
+    # machine's matmul ceiling
+    assert end["train_tflops"] > 0 and end["ceiling_tflops"] > 0 and 0 < end["mfu"] < 1
+    assert 0 < end["padded_share"] < 1  # the sentences are padded to 16 tokens
     reloaded = transformers.AutoModelForSequenceClassification.from_pretrained(final)
     batch = dev.with_format("torch")[:8]
     with torch.no_grad():

@@ -433,11 +433,12 @@ class Recipe(Section):
         """The paper's ablations of this student: variant name -> (what the paper calls it, the changed recipe)."""
         return {}
 
-    def loss_options(self, **task: Any):
-        """``LossOptions`` of this recipe's equations (``task``: the task stage's temperature / regression target)."""
+    def loss_options(self):
+        """``LossOptions`` of this recipe's equations in its own steps (the extra step's temperature and regression
+        target are its section's: `prediction_stage`)."""
         from distillery.objectives.registry import LossOptions
 
-        return LossOptions(**task)
+        return LossOptions()
 
     # ---------------------------------------------------------------- checks
 
@@ -825,8 +826,10 @@ def prediction_stage(recipe: Recipe, ctx: TaskContext, student, out: Path, *, au
     grid, run = ctx.grid(pr)
     if ctx.logits_cache is not None:
         grid = replace(grid, cache_dir=ctx.logits_cache)
-    spec = DistillSpec(ObjectiveWeights({"prediction_loss": 1.0}), "prediction",
-                       options=recipe.loss_options(temperature=pr.temperature, regression_target=pr.regression_target))
+    # the step's temperature and regression target are its section's, never a recipe's own (BERT-PKD's and
+    # DistilBERT's `temperature` is that of their own soft-target terms, in their own steps)
+    options = replace(recipe.loss_options(), temperature=pr.temperature, regression_target=pr.regression_target)
+    spec = DistillSpec(ObjectiveWeights({"prediction_loss": 1.0}), "prediction", options=options)
     return prediction_grid(ctx.teacher, student, spec, run.with_(output_dir=out, train_dataset=train, eval_dataset=dev),
                            grid)
 

@@ -59,10 +59,10 @@ class DistilBertRecipe(Recipe):
     def options(self) -> dict[str, Any]:
         return {**super().options(), "temperature": self.temperature}
 
-    def loss_options(self, **task: Any):
+    def loss_options(self):
         from distillery.objectives.registry import LossOptions
 
-        return LossOptions(**{"temperature": self.temperature, **task})
+        return LossOptions(temperature=self.temperature)
 
     def optimizer_options(self) -> dict[str, Any]:
         """TrainingArguments of pre-training distillation that the official code sets."""

@@ -43,10 +43,10 @@ class MiniLMRecipe(Recipe):
     def options(self) -> dict[str, Any]:
         return {**super().options(), "n_relation_heads": self.relation_heads}
 
-    def loss_options(self, **task: Any):
+    def loss_options(self):
         from distillery.objectives.registry import LossOptions
 
-        return LossOptions(n_relation_heads=self.relation_heads, **task)
+        return LossOptions(n_relation_heads=self.relation_heads)
 
     def map_layers(self, n_student: int, n_teacher: int):
         from distillery.layer_map import build_layer_map

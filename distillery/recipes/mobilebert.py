@@ -85,10 +85,10 @@ class MobileBertRecipe(Recipe):
     def options(self) -> dict[str, Any]:
         return {**super().options(), "feature_map_normalized": self.feature_map_normalized}
 
-    def loss_options(self, **task: Any):
+    def loss_options(self):
         from distillery.objectives.registry import LossOptions
 
-        return LossOptions(feature_map_normalized=self.feature_map_normalized, mlm_alpha=self.alpha, **task)
+        return LossOptions(feature_map_normalized=self.feature_map_normalized, mlm_alpha=self.alpha)
 
     def map_layers(self, n_student: int, n_teacher: int):
         """Student layer l <- teacher layer l (the same depth): block output l (eq. 2), attention of layer l (eq. 3)."""

@@ -38,7 +38,7 @@ class PKDRecipe(Recipe):
     strategy: Literal["skip", "last"] = "skip"
     alpha: float = Field(0.5, ge=0, le=1)  # weight of the soft targets L_DS; the gold labels' L_CE gets 1 - alpha
     beta: float = Field(100.0, ge=0)  # weight of the patient loss L_PT
-    temperature: float = Field(10.0, gt=0)  # softmax temperature T of L_DS
+    temperature: float = Field(10.0, gt=0)  # softmax temperature T of L_DS (the extra step has its section's)
     # L_PT summed over layers and hidden size, a batch mean (paper), or a mean over every element (official)
     patient_reduction: Literal["paper", "official"] = "paper"
 
@@ -63,11 +63,10 @@ class PKDRecipe(Recipe):
         return {**super().options(), "strategy": self.strategy, "temperature": self.temperature,
                 "patient_reduction": self.patient_reduction}
 
-    def loss_options(self, **task: Any):
+    def loss_options(self):
         from distillery.objectives.registry import LossOptions
 
-        return LossOptions(**{"temperature": self.temperature, **task},  # the extra step: its section's temperature
-                           extra={"patient_reduction": self.patient_reduction})
+        return LossOptions(temperature=self.temperature, extra={"patient_reduction": self.patient_reduction})
 
     def map_layers(self, n_student: int, n_teacher: int):
         """Student layer j <- teacher layer I_pt(j) for j = 1..k-1 (1-based outputs of the layers)."""

@@ -61,11 +61,11 @@ class TinyBertRecipe(Recipe):
             update={"objectives": {**dict(self.weights.weights), "attention_loss": 0.0}}))
         return out
 
-    def loss_options(self, **task: Any):
+    def loss_options(self):
         from distillery.objectives.registry import LossOptions
 
         return LossOptions(official_attention_masking=self.official_attention_masking,
-                           prediction_reduction=self.prediction_reduction, **task)
+                           prediction_reduction=self.prediction_reduction)
 
     def map_layers(self, n_student: int, n_teacher: int):
         from distillery.layer_map import build_layer_map

@@ -125,6 +125,11 @@ class Distiller(nn.Module):
             return state
         return {k: v for k, v in state.items() if k not in self._keys_to_ignore_on_save}
 
+    def runs_teacher(self, inputs: Mapping[str, Any]) -> bool:
+        """Whether a training batch runs the teacher: a term reads its internals, or its logits and the batch
+        carries none (`teacher_logits`)."""
+        return self._teacher_features or (self._teacher_logits and inputs.get("teacher_logits") is None)
+
     def teacher_forward(self, inputs: Mapping[str, Tensor]):
         """Teacher outputs and captured internals (no gradients; eval mode unless teacher_train_mode)."""
         if self.teacher is None:
@@ -156,7 +161,7 @@ class Distiller(nn.Module):
         if not self.training and gold and self.spec.level != "pretraining":
             return self.student(**s_in, **gold)  # its own output: the Trainer evaluates the student as it is
         teacher_out, teacher_cap = None, None
-        if self._teacher_features or (self._teacher_logits and teacher_logits is None):
+        if self.runs_teacher({"teacher_logits": teacher_logits}):
             teacher_out, teacher_cap = self.teacher_forward(inputs)
         with capture(self.student, **self._student_cap) as student_cap:
             s_out = self.student(**s_in)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -15,6 +16,7 @@ import torch
 from transformers import PreTrainedModel, Trainer, TrainingArguments
 
 from distillery import precision
+from distillery.efficiency.ceiling import StepFlops, utilisation
 from distillery.runtime import FreeCores
 from distillery.training.args import train_arguments
 from distillery.training.log import LOG_NAME, quiet_progress, rows_from_state, write_log
@@ -66,10 +68,17 @@ def train_and_export(
         optimizers=(optimizer, None),
     )
     quiet_progress(trainer)
+    counted = step_flops(model)
+    trainer.floating_point_ops = counted  # the Trainer counts each step's FLOPs through this method
+    started = time.perf_counter()
     with _collect_only_new_objects(targs.device):
         trainer.train(resume_from_checkpoint=last_checkpoint(run.output_dir) if run.resume else None)
+    seconds = time.perf_counter() - started
     metrics = trainer.evaluate() if evaluate else None
     rows = rows_from_state(trainer.state.log_history)
+    ends = [r for r in rows if "train_runtime" in r]
+    if ends:  # the run's end row: its FLOP/s against this machine's matmul ceiling
+        ends[-1].update(utilisation(counted, seconds, bf16=targs.bf16, device=targs.device.type))
 
     def write(d: Path) -> None:
         write_log(d / LOG_NAME, rows)
@@ -78,6 +87,13 @@ def train_and_export(
 
     return save_final(run.output_dir, export if export is not None else trainer.model, run.tokenizer,
                       metrics=metrics, extra=write)
+
+
+def step_flops(model: torch.nn.Module) -> StepFlops:
+    """The FLOP counter of a run's steps: the student (a `Distiller`'s, else the model) and the teacher when its
+    forward runs for a batch (`Distiller.runs_teacher`)."""
+    student = getattr(model, "student", model)
+    return StepFlops(student, getattr(model, "teacher", None), getattr(model, "runs_teacher", None))
 
 
 @contextmanager
