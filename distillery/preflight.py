@@ -73,9 +73,14 @@ def check_params(p: Params, path: str = "params.yaml", root: Path | None = None)
     from distillery.precision import PrecisionError, resolve
 
     try:
-        resolve(p.precision)
+        used = resolve(p.precision)
     except PrecisionError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    for name, recipe in p.students.items():  # a served form is one the evaluate stage measures in this run
+        if recipe.budget is not None and "bf16" in (recipe.budget.forms or ()) and used != "bf16":
+            raise ConfigError(f"{path}: students.{name}.budget.forms: bf16 is not served in this run (precision: "
+                              f"{p.precision} runs {used} here, and the evaluate stage measures no bf16 form): drop "
+                              "it, or set precision: bf16 on a machine with fast bf16")
     if any(a.enabled and a.mlm == "teacher" for a in augment_sections(p)) and not p.pretrain.enabled:
         raise ConfigError(f"{path}: augment.mlm: 'teacher' is the pre-training stage's MLM and needs pretrain.enabled; "
                           "give a masked-LM checkpoint (directory or Hub name) instead, or set augment.enabled: false")

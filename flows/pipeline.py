@@ -43,6 +43,7 @@ from flows.stages import STAGES, Node, upstream
 from tasks import changes, paths, tracking
 from tasks.evaluate import verdict_lines
 from tasks.execute import execute, label, say
+from tasks.lock import project_lock
 from tasks.stage import Stage, is_fresh, stage_key
 
 PRESETS_DIR = env.ROOT / "params"
@@ -185,7 +186,8 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
     them as ``error:`` lines and the result's "stopped" (exit code 2). A Prefect API server that goes away meanwhile is
     one console line (flows.api_server); the stages go on."""
     api_server.install()
-    _FINISHED["result"] = result = _pipeline(params_file)
+    with project_lock():  # one run at a time per project (tasks.lock): held already when `main` started this flow
+        _FINISHED["result"] = result = _pipeline(params_file)
     return result
 
 
@@ -328,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_params_options(parser)
     parser.add_argument("--debug", action="store_true", help="show the traceback of a user error")
+    parser.add_argument("--no-wait", action="store_true",
+                        help="stop with one line when another run holds the project, instead of waiting for it")
     args = parser.parse_args(argv)
     debug = args.debug or debug_requested([])
     if debug:
@@ -344,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         quiet_user_error_tracebacks()
     _FINISHED.clear()
     try:
-        result = pipeline(str(Path(path)))  # prints its `error:` lines when a user error stops it
+        with project_lock(wait=not args.no_wait):  # before the flow run starts: a second run waits (or stops) here
+            result = pipeline(str(Path(path)))  # prints its `error:` lines when a user error stops it
     except UserError as exc:
         if debug:
             raise

@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     from flows.stages import STAGES, items, needed, nodes
     from tasks import changes, tracking
     from tasks.execute import execute, label, say
+    from tasks.lock import project_lock
 
     parser = argparse.ArgumentParser(prog="python -m flows.stage", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -42,10 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--upstream", action="store_true",
                         help="first run every stage this one needs (fresh ones cached), as `dvc repro STAGE` does")
     parser.add_argument("--debug", action="store_true", help="show the traceback of a user error")
+    parser.add_argument("--no-wait", action="store_true",
+                        help="stop with one line when another run holds the project, instead of waiting for it")
     args = parser.parse_args(argv)
 
     def run() -> int:
         p = load_params(args.params, inputs=True, root=env.ROOT)
+        with project_lock(wait=not args.no_wait):  # one run at a time per project (tasks.lock)
+            return work(p)
+
+    def work(p) -> int:
         if args.stage == "all":
             if args.item is not None:
                 raise UserError("all: --item names one stage's item; `all` runs every item")

@@ -73,7 +73,11 @@ def recipe_of(p: Params, student: str):
     if (found := chosen(student)) is None:
         reason = skipped(paths.search(student))
         if reason is None:
-            raise FileNotFoundError(f"{paths.search(student) / 'search.json'}: {student}'s search has not run")
+            from distillery.errors import InputNotFoundError
+
+            raise InputNotFoundError(f"{paths.search(student) / 'search.json'}: {student} has a budget and its search "
+                                     f"has not run: run it first (python -m flows.stage search --item {student}, or "
+                                     "--upstream)")
         raise SkipStage(f"{student}: its search skipped: {reason}", f"its search skipped: {reason}")
     return recipe.with_shape(found["winner"]["shape"])
 

@@ -63,7 +63,10 @@ def run_search(p: Params, student: str) -> dict[str, Any]:
     spec = recipe.budget
     budget = spec.budget(p.evaluation.latency_seq_len)
     shapes = recipe.budget_shapes(teacher_dims(p), key)
-    served = available_forms()
+    from distillery.precision import resolve
+
+    # the forms the evaluate stage measures: bf16 only where the run's precision is bf16
+    served = [f for f in available_forms() if f != "bf16" or resolve(p.precision) == "bf16"]
     forms = [f for f in (spec.forms or served) if f in served]
     cands = [Candidate(**shape, form=form) for shape in shapes for form in forms]
     teacher = load_model(paths.teacher(tasks[0]) / "model", head=task_kind(tasks[0]).head).eval()

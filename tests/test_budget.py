@@ -178,7 +178,9 @@ def test_a_student_gives_a_shape_or_a_budget_and_the_budget_must_be_searchable()
 
     shape = {"layers": 2, "hidden": 384, "heads": 12, "intermediate": 1536}
     for student, message in (({"shape": shape, "budget": {"speedup": 5}}, "not both"), ({}, "not neither"),
-                             ({"budget": {}}, "needs speedup")):
+                             ({"budget": {}}, "needs speedup"),
+                             ({"budget": {"speedup": 5, "forms": []}}, r"forms: List should have at least 1 item"),
+                             ({"budget": {"speedup": 5, "ffn_ratios": []}}, r"ffn_ratios: List should have at least")):
         with pytest.raises(ConfigError, match=message):
             parse_params({"students": {"s": {"recipe": "tinybert", **student}}}, "params.yaml")
     tinybert = RECIPES["tinybert"]
@@ -229,3 +231,31 @@ def test_a_search_with_no_teacher_past_the_gate_skips_and_so_do_its_students_sta
     assert stage.skipped(paths.search("s")) == "every task's teacher failed the gate"
     with pytest.raises(stage.SkipStage, match="its search skipped: every task's teacher failed the gate"):
         distill.recipe_of(p, "s")
+
+
+def test_a_budget_form_the_run_does_not_evaluate_is_refused_before_any_work():
+    """bf16 is served (searched, registered) only where the run trains in bf16: the evaluate stage measures it."""
+    from distillery.config import ConfigError, parse_params
+    from distillery.preflight import check_params
+
+    raw = {"precision": "fp32", "teacher": {"init": "scratch", "shape": {"layers": 2, "hidden": 32, "heads": 2,
+                                                                         "intermediate": 64}},
+           "students": {"s": {"recipe": "tinybert", "init": "pruned", "budget": {"speedup": 2, "forms": ["bf16"]}}}}
+    with pytest.raises(ConfigError, match=r"students\.s\.budget\.forms: bf16 is not served in this run "
+                                          r"\(precision: fp32 runs fp32"):
+        check_params(parse_params(raw))
+    raw["students"]["s"]["budget"]["forms"] = ["int8"]
+    check_params(parse_params(raw))
+
+
+def test_a_budgeted_students_stage_before_its_search_says_so_in_one_line():
+    from distillery.config import parse_params
+    from distillery.errors import InputNotFoundError
+    from tasks.distill import recipe_of
+
+    p = parse_params({"teacher": {"init": "scratch", "shape": {"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64}},
+                      "students": {"never-searched-s": {"recipe": "tinybert", "init": "pruned",
+                                                        "budget": {"speedup": 2}}}})
+    with pytest.raises(InputNotFoundError, match=r"never-searched-s has a budget and its search has not run: run it "
+                                                 r"first \(python -m flows\.stage search --item never-searched-s"):
+        recipe_of(p, "never-searched-s")

@@ -193,7 +193,7 @@ class BudgetSpec(Section):
     # candidate fractions of the teacher's FFN / width ratio
     ffn_ratios: list[Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=lambda: [1.0, 0.5], min_length=1)
     # deployed forms tried; None: every form this machine serves fast
-    forms: list[Literal["fp32", "bf16", "int8"]] | None = None
+    forms: list[Literal["fp32", "bf16", "int8"]] | None = Field(None, min_length=1)
     shapes: int = Field(4, ge=1)  # shapes that enter the training rounds (successive halving)
     #: training examples per task in the first brief round (doubling each round): too few rank the shapes otherwise
     #: than full training does (docs/budget.md)
