@@ -32,6 +32,43 @@ class OutputExistsError(UserError, FileExistsError):
     """An output path holds something this command did not write; nothing is replaced."""
 
 
+class DiskFullError(UserError, OSError):
+    """The disk filled up while a stage wrote its outputs (`disk_full`)."""
+
+
+#: what PyTorch's checkpoint writer says when a write of it came up short (its own words, no errno)
+_SHORT_WRITES = ("file write failed", "unexpected pos", "No space left on device")
+
+
+def disk_full(exc: BaseException, where: "str | os.PathLike") -> DiskFullError | None:
+    """One line for a full disk, whatever raised it: an OSError with ENOSPC (EDQUOT: a quota) anywhere in the chain
+    of `exc`, or PyTorch's writer failing on a disk with almost nothing free; None for any other error. The line
+    names the file being written (or `where`) and the space left on its filesystem."""
+    import errno
+    import shutil
+
+    seen, cause, path = set(), exc, None
+    full = False
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            full, path = True, cause.filename or path
+        elif isinstance(cause, RuntimeError) and any(s in str(cause) for s in _SHORT_WRITES):
+            try:
+                full = full or shutil.disk_usage(where).free < 64 * 2**20
+            except OSError:
+                pass
+        cause = cause.__cause__ or cause.__context__
+    if not full:
+        return None
+    try:
+        free = f"{shutil.disk_usage(where).free / 2**20:.0f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    return DiskFullError(f"no space left on device writing {path or where} ({free} on the filesystem of {where}): "
+                         "free some space and run again (what the stage half-wrote is not kept: it runs again)")
+
+
 def debug_requested(argv: list[str] | None = None) -> bool:
     """`--debug` on the command line or DISTILLERY_DEBUG set to a true value."""
     args = sys.argv[1:] if argv is None else argv

@@ -83,6 +83,32 @@ def write_json(path: str | os.PathLike, obj: Any) -> Path:
 REFERENCE_RESOLVERS: dict[str, Callable[[str], Path]] = {}
 
 
+def read_state(path: str | os.PathLike, parse: Callable[[str], Any] = json.loads, *, kind: type = dict,
+               say: Callable[[str], None] | None = None) -> Any | None:
+    """A state file a run keeps for the next (e.g. ``metrics/changes.json``, ``dvc.lock``): its content parsed by
+    `parse`, None when it is absent, or when it is damaged (not parseable, or not a `kind`): then it is set aside,
+    renamed to ``<name>.damaged`` (``.damaged.1``, ... when taken; never deleted), `say` gets one line naming both,
+    and the caller rebuilds it from the stages' own outputs."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        value = parse(path.read_text(encoding="utf-8"))
+        if isinstance(value, kind):
+            return value
+    except Exception:  # noqa: BLE001 - any parser's error (json, yaml) means damaged
+        pass
+    aside = path.with_name(path.name + ".damaged")
+    n = 0
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{path.name}.damaged.{n}")
+    path.rename(aside)
+    if say is not None:
+        say(f"{path} was damaged (not readable as {kind.__name__}): set aside as {aside.name}, rebuilt from the outputs")
+    return None
+
+
 def resolve_path(path: str, root: Path) -> Path:
     """A params path: absolute, ~-expanded, or relative to the project root; a model reference with a registered
     scheme (``REFERENCE_RESOLVERS``, e.g. ``models:/teacher@champion``) is the local directory it resolves to."""

@@ -202,6 +202,10 @@ def record(params_path: str | os.PathLike, done: list[tuple[str, str | None]]) -
     if text != render(params_path):
         return (f"dvc.lock not updated: dvc.yaml is not generated for {params_path} "
                 f"(`python -m flows.dvc --params {params_path}`); `dvc repro` will rerun these stages")
+    from distillery.io import read_state
+    from tasks.execute import say
+
+    read_state(ROOT / "dvc.lock", yaml.safe_load, say=say)  # a damaged lock: set aside, written anew by the commit
     names = [curve_name(STAGES[name], item) for name, item in done]
     if set(names) >= set(yaml.safe_load(text)["stages"]):
         names = ["dvc.yaml"]  # one target: DVC rewrites dvc.lock once, not once per stage (31 stages: 2 s, not 18 s)

@@ -171,7 +171,11 @@ def render(old: dict[str, Any] | None, new: dict[str, Any]) -> str:
 def record(p: Params, statuses: dict[str, str], graph: Graph) -> str:
     """Write reports/changes.md for this run (`statuses`: stage label -> ran / cached / skipped) and keep its snapshot
     for the next; returns the report."""
-    old = json.loads(snapshot_path().read_text(encoding="utf-8")) if snapshot_path().is_file() else None
+    from distillery.io import read_state
+
+    from tasks.execute import say
+
+    old = read_state(snapshot_path(), say=say)  # a damaged snapshot: set aside, this run reported as the first
     new = snapshot(p, statuses, graph)
     text = render(old, new)
     write_text(report_path(), text)

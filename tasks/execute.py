@@ -19,6 +19,7 @@ from tasks import paths, tracking
 from tasks.stage import SKIPPED, STAMPS, Stage, is_fresh, precision_used, run_stage, stage_key
 
 from distillery.config import Params
+from distillery.errors import disk_full
 from distillery.io import atomic_path, write_text
 from distillery.training.saving import CHECKPOINTS, MODEL
 
@@ -61,7 +62,12 @@ def execute(stage: Stage, params: Params, item: str | None = None, parent_run_id
         logged["precision_used"] = precision_used(stage, params)
     with tracking.run(name, params=logged, parent_run_id=parent_run_id,
                       tags={"stage": stage.name, "item": item or ""}):
-        result = run_stage(stage, params, item, key)
+        try:
+            result = run_stage(stage, params, item, key)
+        except Exception as exc:
+            if (full := disk_full(exc, paths.ROOT)) is not None:  # one line, not the writer's traceback
+                raise full from exc
+            raise
         if result.get("skipped"):
             write_text(paths.curves(name), "step,loss\n")  # no training step (and the plot dvc.yaml declares exists)
         if result.get("curve") and Path(result["curve"]).is_file():
