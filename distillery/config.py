@@ -156,6 +156,8 @@ class DataSection(Section):
 
         source = info.data.get("source", "demo")
         known = TASKS_BY_SOURCE.get(source, TRAINABLE_GLUE_TASKS)
+        if "custom" not in info.data:  # data.custom failed its own validation: its error is the one to read
+            return v
         custom = info.data.get("custom") or {}
         for name in v:
             if name in known or name in custom:

@@ -32,7 +32,6 @@ from distillery.io import hub_dataset, hub_offline, resolve_path
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 #: our split name -> the prepared dataset's (the GLUE loaders' names)
 SPLIT_NAMES = {"train": "train", "validation": "dev", "test": "test"}
-UNLABELED = -1
 
 
 class CustomTaskError(UserError, ValueError):
@@ -115,9 +114,22 @@ def _records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
                 raise CustomTaskError(f"{path}:{n}: a JSON {type(row).__name__}, not an object")
             yield f"{path}:{n}", row
         return
-    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if fmt == "tsv" else ",")
+    # TSV is read literally (a quote is a character, as in GLUE's files); CSV's quotes must close on their own line
+    tsv = fmt == "tsv"
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if tsv else ",",
+                            quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL)
     try:
+        header = reader.fieldnames or []
+        twice = sorted({c for c in header if header.count(c) > 1})
+        if twice:
+            raise CustomTaskError(f"{path}:1: column {twice[0]!r} appears {header.count(twice[0])} times in the header; "
+                                  "name each column once")
+        last = reader.line_num
         for row in reader:
+            start, last = last + 1, reader.line_num
+            if last > start:
+                raise CustomTaskError(f"{path}:{start}: a quoted field runs over lines {start}-{last} (a stray '\"' "
+                                      "opening a field?); close each quote on its line, or give the file as .jsonl")
             if None in row:
                 raise CustomTaskError(f"{path}:{reader.line_num}: more fields than the header's {len(reader.fieldnames)}")
             yield f"{path}:{reader.line_num}", row
@@ -134,11 +146,14 @@ def _columns_check(source: str, row: Mapping[str, Any], cfg: Any, name: str, lab
                                   f"{', '.join(map(repr, row))}")
 
 
-def _label_text(value: Any) -> str | None:
-    """A label cell as text; None when missing (empty, null, NaN)."""
+def _label_text(value: Any, where: str = "") -> str | None:
+    """A label cell as text; None when missing (empty, null, NaN); a list, mapping or other non-scalar is refused."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
-    if isinstance(value, float) and value.is_integer():
+    if not isinstance(value, (str, int, float, bool)):
+        raise CustomTaskError(f"{where}: label {value!r} is a {type(value).__name__}, not one value (a class name or "
+                              "a number)")
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:  # 1.0 from JSON or Parquet is 1
         value = int(value)
     text = str(value).strip()
     return text or None
@@ -192,15 +207,39 @@ def training_labels(cfg: Any, root: Path) -> list[str]:
     source, records, names = _split_records(cfg, "train", root)
     if names is not None:
         return names
-    seen = {text for _, row in records if (text := _label_text(row.get(cfg.label))) is not None}
+    first: dict[str, str] = {}
+    for where, row in records:
+        if (text := _label_text(row.get(cfg.label), where)) is not None:
+            first.setdefault(text, where)
+    seen = set(first)
+    by_number: dict[float, str] = {}
+    for text in sorted(seen, key=lambda t: first[t]):
+        if (number := _number(text)) is None:
+            continue
+        if number in by_number:  # 1 and 1.0: one class or two? the file must say it one way
+            raise CustomTaskError(f"{first[text]}: label {text!r} is label {by_number[number]!r} "
+                                  f"({first[by_number[number]]}) spelled another way; spell each label one way")
+        by_number[number] = text
     if all(t.lstrip("-").isdigit() for t in seen):
         return sorted(seen, key=int)
     return sorted(seen)
 
 
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+#: the largest magnitude a float32 label column holds (the datasets' and the models' dtype)
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def load_split(name: str, cfg: Any, split: str, root: Path) -> datasets.Dataset:
     """One split (`train`, `validation`, `test`) of a task of your own in the GLUE loaders' columns, checked whole."""
-    from distillery.glue.loaders import _rows_to_dataset
+    from distillery.glue.loaders import _rows_to_dataset, unlabeled_value
     from distillery.glue.tasks import get_task
 
     spec = get_task(name)
@@ -222,12 +261,12 @@ def load_split(name: str, cfg: Any, split: str, root: Path) -> datasets.Dataset:
             out[key].append(value)
         out["idx"].append(i)
         if not labelled:
-            out["label"].append(UNLABELED)
+            out["label"].append(unlabeled_value(spec))
             continue
-        label = _label_text(row.get(cfg.label))
+        label = _label_text(row.get(cfg.label), where)
         if label is None:
             if split == "test":
-                out["label"].append(UNLABELED)
+                out["label"].append(unlabeled_value(spec))
                 continue
             raise CustomTaskError(f"{where}: no label in column {cfg.label!r}")
         if spec.is_regression:
@@ -238,9 +277,15 @@ def load_split(name: str, cfg: Any, split: str, root: Path) -> datasets.Dataset:
                                       "regression)") from None
             if not math.isfinite(value):
                 raise CustomTaskError(f"{where}: label {label!r} is not a finite number")
+            if abs(value) > FLOAT32_MAX:
+                raise CustomTaskError(f"{where}: label {label!r} is beyond what a float32 holds (|x| <= 3.4e38); "
+                                      "rescale the targets")
             out["label"].append(value)
         elif label in ids:
             out["label"].append(ids[label])
+        elif (number := _number(label)) is not None and (same := [k for k in ids if _number(k) == number]):
+            raise CustomTaskError(f"{where}: label {label!r} is label {same[0]!r} spelled another way; spell each "
+                                  "label one way")
         else:
             origin = f"data.custom.{name}.labels" if cfg.labels else "the labels of the training split"
             raise CustomTaskError(f"{where}: label {label!r} is not one of {list(spec.labels)} ({origin})")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import re
 import json
+import math
 from pathlib import Path
 
 import datasets
@@ -434,3 +435,59 @@ def test_each_task_kind_names_the_hub_dataset_it_is_prepared_from(tmp_path):
     assert task_kind("squad", hub.data).hub_dataset_id(hub.data) == "rajpurkar/squad"
     demo = params(tmp_path, {}, tasks=["demo"])
     assert task_kind("demo", demo.data).hub_dataset_id(demo.data) is None
+
+
+def test_your_files_are_read_exactly_or_refused_with_one_line(tmp_path):
+    """A TSV is read literally (a quote is a character: six lines, six rows); a CSV quote that runs over lines, a
+    column named twice, a label spelled two ways, a list for a label, a target a float32 cannot hold: one line each."""
+    quote = '"'
+    lines = ["x\ty"] + [f"{quote if i == 1 else ''}sentence {i}\t{'ab'[i % 2]}" for i in range(6)]
+    (tmp_path / "lit.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    ds = _load(tmp_path, "lit", {"train": str(tmp_path / "lit.tsv"), "validation": str(tmp_path / "lit.tsv"),
+                                 "text": "x", "label": "y"})["train"]
+    assert ds.num_rows == 6 and ds["text_a"][1] == '"sentence 1'
+    cases = [
+        ('x,y\n"one,a\ntwo,b\nthree,a\n', "bad.csv:2: a quoted field runs over lines 2-4"),
+        ("x,y,x\none,a,1\ntwo,b,2\n", "bad.csv:1: column 'x' appears 2 times in the header"),
+        ("x,y\none,1\ntwo,0\nthree,1.0\n", "bad.csv:4: label '1.0' is label '1' (") ,
+    ]
+    for text, message in cases:
+        (tmp_path / "bad.csv").write_text(text, encoding="utf-8")
+        with pytest.raises(custom_tasks.CustomTaskError) as err:
+            _load(tmp_path, "bad", {"train": str(tmp_path / "bad.csv"), "validation": str(tmp_path / "bad.csv"),
+                                    "text": "x", "label": "y"})
+        assert message in str(err.value) and "\n" not in str(err.value), (message, str(err.value))
+    ints = write_csv(tmp_path / "ints.csv", ["x", "y"], [["one", "1"], ["two", "0"]])
+    spelled = write_csv(tmp_path / "spelled.csv", ["x", "y"], [["one", "1"], ["two", "0.0"]])
+    with pytest.raises(custom_tasks.CustomTaskError, match=r"spelled.csv:3: label '0.0' is label '0' spelled another"):
+        _load(tmp_path, "spelled", {"train": str(ints), "validation": str(spelled), "text": "x", "label": "y"})
+    pq.write_table(pa.table({"x": ["a", "b"], "y": [["neg"], ["pos"]]}), tmp_path / "lists.parquet")
+    with pytest.raises(custom_tasks.CustomTaskError, match=r"lists.parquet: row 1: label \['neg'\] is a list, not "
+                                                           r"one value"):
+        _load(tmp_path, "lists", {"train": str(tmp_path / "lists.parquet"),
+                                  "validation": str(tmp_path / "lists.parquet"), "text": "x", "label": "y"})
+    huge = write_jsonl(tmp_path / "huge.jsonl", [{"s": "a", "v": 1.0}, {"s": "b", "v": 1e39}])
+    with pytest.raises(custom_tasks.CustomTaskError, match=r"huge.jsonl:2: label '1e\+39' is beyond what a float32"):
+        _load(tmp_path, "huge", {"train": str(huge), "validation": str(huge), "text": "s", "label": "v",
+                                 "type": "regression"})
+
+
+def test_a_regression_target_of_any_sign_is_scored_and_a_test_row_without_one_is_nan(tmp_path):
+    rows = [{"s": f"t {i}", "v": v} for i, v in enumerate([-3.5, -1.0, 0.0, 2.0])]
+    train = write_jsonl(tmp_path / "neg.jsonl", rows)
+    test = write_jsonl(tmp_path / "test.jsonl", [{"s": "u"}, {"s": "w"}])
+    dsd = _load(tmp_path, "neg", {"train": str(train), "validation": str(train), "test": str(test), "text": "s",
+                                  "label": "v", "type": "regression"})
+    assert dsd["dev"]["label"][:] == [-3.5, -1.0, 0.0, 2.0]  # -1.0 is a target, not "unlabeled"
+    assert all(math.isnan(v) for v in dsd["test"]["label"][:])
+    scores = compute_metrics("neg", [-3.0, -1.5, 0.5, 2.5], dsd["dev"]["label"][:])
+    assert scores["pearson"] > 0.9
+    with pytest.raises(ValueError, match="unlabeled rows"):
+        compute_metrics("neg", [0.0, 0.0], dsd["test"]["label"][:])
+
+
+def test_a_bad_task_of_your_own_is_one_error_not_two(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        params(tmp_path, {"tickets": {**tickets(tmp_path), "metric": "bleu"}})
+    lines = [line for line in str(err.value).splitlines() if line.strip()]
+    assert len(lines) == 1 and "data.custom.tickets" in lines[0], lines

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from distillery.glue.loaders import UNLABELED
+from distillery.glue.loaders import is_unlabeled
 from distillery.glue.tasks import TaskSpec, get_task
 
 if TYPE_CHECKING:
@@ -39,9 +39,9 @@ def encode(dsdict: datasets.DatasetDict, tokenizer, task: str | TaskSpec, max_le
         if missing:
             raise KeyError(f"{spec.name}[{split}]: missing columns {missing} (has {ds.column_names})")
         labels = ds["label"][:]
-        unlabeled = sum(1 for v in labels if v == UNLABELED)
+        unlabeled = sum(1 for v in labels if is_unlabeled(spec, v))
         if 0 < unlabeled < len(labels):
-            raise ValueError(f"{spec.name}[{split}]: {unlabeled} of {len(labels)} rows are unlabeled (-1)")
+            raise ValueError(f"{spec.name}[{split}]: {unlabeled} of {len(labels)} rows are unlabeled")
         has_labels = unlabeled == 0 and len(labels) > 0
 
         def tokenize(batch: dict) -> dict:

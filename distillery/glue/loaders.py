@@ -5,8 +5,8 @@ for SST-2 when that extra file is present) and the columns
 
     text_a, text_b (pair tasks only), label, idx
 
-`label` is the label id in the registry's order (`TaskSpec.labels`), a float score for STS-B, and -1
-for unlabeled rows (test splits). `idx` is the file's index/id column when it has one, else the
+`label` is the label id in the registry's order (`TaskSpec.labels`), a float score for STS-B; an unlabeled row
+(test splits) has -1, or NaN for a regression target (which may be of any sign: `unlabeled_value`). `idx` is the file's index/id column when it has one, else the
 0-based row number; test predictions are written against it.
 
 Local files are read line by line, split on tabs with no quote handling (csv.QUOTE_NONE semantics:
@@ -28,7 +28,7 @@ import io
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from distillery.errors import InputNotFoundError, UserError
 from distillery.glue.tasks import TaskSpec, get_task
@@ -38,6 +38,20 @@ if TYPE_CHECKING:
 
 UNLABELED = -1
 AUGMENTED_HEADER = "text_a"
+
+
+def unlabeled_value(spec: "TaskSpec") -> int | float:
+    """The label of a row without one: -1 for classes, NaN for a regression target (which may be of any sign)."""
+    return math.nan if spec.is_regression else UNLABELED
+
+
+def is_unlabeled(spec: "TaskSpec", value: Any) -> bool:
+    """Whether a stored label is `unlabeled_value`'s (None too)."""
+    if value is None:
+        return True
+    if spec.is_regression:
+        return isinstance(value, float) and math.isnan(value)
+    return value == UNLABELED
 
 
 class GlueFileError(UserError, ValueError):
@@ -187,7 +201,8 @@ def load_split_file(task: str | TaskSpec, path: str | os.PathLike) -> datasets.D
                 f"{where}: expected {len(columns)} tab-separated fields ({', '.join(columns)}), got {len(fields)}")
         for key, col in zip(text_keys, spec.text_columns):
             rows[key].append(fields[pos[col]])
-        rows["label"].append(parse_label(spec, fields[pos[spec.label_column]], where) if labeled else UNLABELED)
+        rows["label"].append(parse_label(spec, fields[pos[spec.label_column]], where) if labeled
+                             else unlabeled_value(spec))
         if index_col is None:
             rows["idx"].append(n)
         else:
@@ -284,8 +299,8 @@ def _from_hub_split(spec: TaskSpec, ds: datasets.Dataset, where: str) -> dataset
     if missing:
         raise KeyError(f"{where}: missing columns {missing} (has {ds.column_names})")
     labels = ds["label"][:]
-    if spec.is_regression:
-        mapped = [float(v) for v in labels]
+    if spec.is_regression:  # GLUE's scores lie in [0, 5]: the Hub's -1 marks a test row
+        mapped = [math.nan if v is None or v < 0 else float(v) for v in labels]
     else:
         feature = ds.features["label"]
         names = getattr(feature, "names", None)

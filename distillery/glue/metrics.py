@@ -55,7 +55,7 @@ def compute_metrics(task: str | TaskSpec, predictions, labels) -> dict[str, floa
     """The task's GLUE metrics (only those of the task: `TaskSpec.metrics`) for dev predictions.
 
     predictions: class ids (N,) or logits (N, C) for classification; scores (N,) or (N, 1) for STS-B.
-    labels: gold ids / scores; unlabeled rows (-1) are an error (test splits cannot be scored).
+    labels: gold ids / scores; unlabeled rows (-1, NaN for scores) are an error (test splits cannot be scored).
     """
     spec = get_task(task)
     p = as_predictions(spec, predictions)
@@ -68,8 +68,8 @@ def compute_metrics(task: str | TaskSpec, predictions, labels) -> dict[str, floa
         raise ValueError(f"{spec.name}: no examples to score")
     if spec.is_regression:
         y = y.astype(np.float64)
-        if np.any(y < 0):
-            raise ValueError(f"{spec.name}: labels contain negative scores (unlabeled rows?)")
+        if np.any(np.isnan(y)):  # a target may be of any sign; a row without one is NaN
+            raise ValueError(f"{spec.name}: labels contain unlabeled rows (NaN)")
     else:
         y = y.astype(np.int64)
         if np.any(y < 0) or np.any(y >= spec.num_labels):

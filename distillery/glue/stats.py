@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from distillery.errors import InputNotFoundError
-from distillery.glue.loaders import UNLABELED, available_splits, load_local, task_dir
+from distillery.glue.loaders import available_splits, is_unlabeled, load_local, task_dir
 from distillery.glue.tasks import TASKS, TaskSpec, get_task
 
 if TYPE_CHECKING:
@@ -24,13 +25,14 @@ def split_stats(task: str | TaskSpec, ds: datasets.Dataset) -> dict:
     spec = get_task(task)
     counts: Counter = Counter()
     for v in ds["label"][:]:
-        if v == UNLABELED:
+        if is_unlabeled(spec, v):
             continue
-        if spec.is_regression:
-            counts[SCORE_BINS[min(int(v), 4)]] += 1
+        if spec.is_regression:  # GLUE's [0, 5] in its unit bins; a target of your own in unit bins of any sign
+            counts[SCORE_BINS[min(int(v), 4)] if 0 <= v <= 5 else f"{math.floor(v)}-{math.floor(v) + 1}"] += 1
         else:
             counts[spec.labels[int(v)]] += 1
-    order = SCORE_BINS if spec.is_regression else spec.labels
+    order = (sorted(counts, key=lambda k: float(k.rpartition("-")[0] or k)) if spec.is_regression
+             and set(counts) - set(SCORE_BINS) else SCORE_BINS if spec.is_regression else spec.labels)
     return {"rows": len(ds), "labels": {k: counts[k] for k in order if counts[k]}}
 
 
