@@ -438,14 +438,64 @@ def _looks_local(name: str) -> bool:
     )
 
 
+#: the files a tokenizer is read from (any one)
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "spiece.model", "vocab.json", "sentencepiece.bpe.model")
+
+
+def check_model_files(path: str | os.PathLike, key: str) -> None:
+    """A model directory checked whole before any work, without loading it: its config.json is a JSON object and asks
+    for no code of its own (``auto_map``: nothing runs remote code here), its weights are safetensors (a pickle-only
+    checkpoint can run code when loaded: refused, with the way to convert it) and whole (`check_weights`), a
+    tokenizer is there and its vocabulary fits the embeddings. Raises ModelFilesError naming ``key`` and the file."""
+    import json
+
+    path = Path(path)
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelFilesError(f"{key}: {path / 'config.json'} is not a JSON model config ({exc})") from None
+    if not isinstance(config, dict):
+        raise ModelFilesError(f"{key}: {path / 'config.json'} is not a JSON object")
+    if config.get("auto_map"):
+        raise ModelFilesError(f"{key}: {path / 'config.json'} asks for its own model code (auto_map: "
+                              f"{', '.join(config['auto_map'])}); code shipped with a model never runs here: give a "
+                              "model of a type transformers knows")
+    if not any(path.glob("*.safetensors")) and any((path / n).is_file() for n in ("pytorch_model.bin",
+                                                                                  "pytorch_model.bin.index.json")):
+        raise ModelFilesError(f"{key}: {path} holds only pickled weights (pytorch_model.bin), which can run code when "
+                              "loaded; convert them once where you trust the file (AutoModel...from_pretrained(d)"
+                              ".save_pretrained(d, safe_serialization=True)) and give the safetensors")
+    try:
+        check_weights(path)
+    except ModelFilesError as exc:
+        raise ModelFilesError(f"{key}: {exc}") from None
+    if not any((path / n).is_file() for n in TOKENIZER_FILES):
+        raise ModelFilesError(f"{key}: {path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save the "
+                              "tokenizer with the model (tokenizer.save_pretrained)")
+    vocab = config.get("vocab_size")
+    if isinstance(vocab, int):
+        from transformers import AutoTokenizer
+
+        with quiet_loading():
+            size = len(AutoTokenizer.from_pretrained(str(path), trust_remote_code=False))
+        if size > vocab:
+            raise ModelFilesError(f"{key}: {path}: the tokenizer has {size} tokens but the embeddings hold {vocab} "
+                                  "(config.json vocab_size): ids past it have no embedding; save the tokenizer the "
+                                  "model was trained with")
+
+
 def load_teacher(
     name_or_path: str | os.PathLike,
     *,
     head: str = "sequence-classification",
     num_labels: int | None = None,
     regression: bool = False,
+    complete: bool = False,
 ) -> PreTrainedModel:
     """Load a teacher with ``AutoModel*`` from a local directory or a Hub name (never remote code).
+
+    ``complete``: every tensor of the config's model is in the weights and nothing else (a fine-tuned teacher:
+    its head too), else ModelFilesError naming what is missing or left over.
 
     ``regression`` makes a 1-output regression head (STS-B). A missing local directory raises
     ``FileNotFoundError`` naming it. The model is returned in eval mode.
@@ -470,9 +520,17 @@ def load_teacher(
         elif num_labels is not None:
             kwargs["num_labels"] = int(num_labels)
     try:
-        model = cls.from_pretrained(name, trust_remote_code=False, **kwargs)
+        model, info = cls.from_pretrained(name, trust_remote_code=False, output_loading_info=True, **kwargs)
     except OSError as exc:
         raise FileNotFoundError(f"cannot load teacher {name!r}: {exc}") from exc
+    if complete:
+        wrong = {k: sorted(map(str, v)) for k, v in info.items()
+                 if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+        if wrong:
+            raise ModelFilesError(f"teacher {name!r}: its weights do not fit its config.json ("
+                                  + "; ".join(f"{k.replace('_', ' ')}: {', '.join(map(str, v[:3]))}"
+                                              + (f" and {len(v) - 3} more" if len(v) > 3 else "")
+                                              for k, v in wrong.items()) + "): save the model and its config again")
     if path.exists():
         _warn_half_weights(path)
     return model.eval()

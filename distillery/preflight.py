@@ -185,7 +185,14 @@ def check_inputs(p: Params, path: str = "params.yaml", root: Path | None = None)
     if t.tokenizer not in (None, "demo"):
         _check_file(t.tokenizer, root, "teacher.tokenizer", path, directory_ok=True)
     for task, ref in t.finetuned.items():
-        _check_model_ref(ref, root, f"teacher.finetuned.{task}", path, "fine-tuned teacher")
+        config = _check_model_ref(ref, root, f"teacher.finetuned.{task}", path, "fine-tuned teacher")
+        if config is not None and resolve_path(ref, root).is_dir():  # a local one: checked whole before any work
+            from distillery.models import ModelFilesError, check_model_files
+
+            try:
+                check_model_files(config.parent, f"teacher.finetuned.{task}")
+            except ModelFilesError as exc:
+                raise ConfigError(f"{path}: {exc}") from None
     if p.data.source == "local" and "squad" in p.data.tasks:
         _check_file(p.data.squad_file, root, "data.squad_file", path)
     if p.data.source == "local" and p.data.glue_dir:

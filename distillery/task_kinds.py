@@ -60,11 +60,12 @@ class ClassificationKind:
             kwargs["problem_type"] = "regression"
         return kwargs
 
-    def load_teacher(self, source: str):
+    def load_teacher(self, source: str, *, complete: bool = False):
         from distillery.models import load_teacher
 
         spec = self.spec
-        model = load_teacher(source, head=self.head, num_labels=spec.num_labels, regression=spec.is_regression)
+        model = load_teacher(source, head=self.head, num_labels=spec.num_labels, regression=spec.is_regression,
+                             complete=complete)
         if not spec.is_regression:  # the task's label names travel with the teacher and its students
             model.config.id2label, model.config.label2id = spec.id2label, spec.label2id
         return model
@@ -269,10 +270,10 @@ class SpanKind:
     def model_kwargs(self, config=None) -> dict[str, Any]:
         return {}
 
-    def load_teacher(self, source: str):
+    def load_teacher(self, source: str, *, complete: bool = False):
         from distillery.models import load_teacher
 
-        return load_teacher(source, head=self.head)
+        return load_teacher(source, head=self.head, complete=complete)
 
     def feature_config(self, max_length: int):
         from distillery.squad.features import FeatureConfig

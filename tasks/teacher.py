@@ -184,13 +184,18 @@ def _given_teacher(p: Params, task: str) -> dict[str, Any]:
     from transformers import AutoConfig, AutoTokenizer
 
     from distillery.io import atomic_dir, write_json
+    from distillery.models import check_model_files
     from distillery.task_kinds import task_kind
 
     kind = task_kind(task, p.data)
     ref = p.teacher.finetuned[task]
     source = model_ref(ref)
-    kind.check_head(AutoConfig.from_pretrained(source, trust_remote_code=False), f"teacher.finetuned.{task}: {ref}")
-    model, tokenizer = kind.load_teacher(source), AutoTokenizer.from_pretrained(source)  # the task's label names
+    key = f"teacher.finetuned.{task}"
+    if Path(source).is_dir():  # checked whole, before anything loads it (a Hub model: by the Hub's own files)
+        check_model_files(source, key)
+    kind.check_head(AutoConfig.from_pretrained(source, trust_remote_code=False), f"{key}: {ref}")
+    # the task's label names; every tensor of its config, its head's too
+    model, tokenizer = kind.load_teacher(source, complete=True), AutoTokenizer.from_pretrained(source)
     with atomic_dir(paths.teacher(task) / "model") as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
