@@ -208,7 +208,7 @@ def stage_key(stage: Stage, params: Params, item: str | None) -> str:
         "item": item,
         "code": code_version(stage.code),
         "params": stage.params(params, item),
-        "deps": {str(p): fingerprint(p) for p in stage.deps(params, item)},
+        "deps": {project_relative(p): fingerprint(p) for p in stage.deps(params, item)},
     }
     if stage.device:
         payload["precision_used"] = precision_used(stage, params)
@@ -219,8 +219,18 @@ def _stamp_path(stage: Stage, item: str | None) -> Path:
     return STAMPS / f"{stage.name}@{item or '-'}"
 
 
+def project_relative(path: str | Path) -> str:
+    """A path as stage keys and stamps hold it: relative to the project root when inside it, so a moved or copied
+    clone keeps its cache (a path outside the project, e.g. ../shared data, as it is given)."""
+    path = Path(path)
+    try:
+        return path.resolve().relative_to(ROOT.resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def _outputs(stage: Stage, params: Params, item: str | None) -> dict[str, str]:
-    return {str(o): fingerprint(o) for o in stage.outs(params, item)}
+    return {project_relative(o): fingerprint(o) for o in stage.outs(params, item)}
 
 
 def is_fresh(stage: Stage, params: Params, item: str | None, key: str | None = None) -> bool:

@@ -183,3 +183,27 @@ def test_a_failed_run_leaves_the_earlier_good_run_fresh(tmp_path, params, monkey
     with pytest.raises(RuntimeError):
         run_stage(s, failing, None)
     assert is_fresh(s, params, None) and not is_fresh(s, failing, None)
+
+
+def test_a_moved_or_copied_clone_keeps_its_cache(tmp_path, monkeypatch):
+    """Stage keys and stamps hold paths relative to the project root: the same inputs under another root are the same
+    key; a path outside the project (../shared data) is held as given."""
+    from distillery.config import parse_params
+    from tasks import stage as st
+
+    shape = {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 32}
+    p = parse_params({"teacher": {"init": "scratch", "shape": shape},
+                      "students": {"s": {"recipe": "tinybert", "shape": shape}}})
+    outside = tmp_path / "shared.txt"
+    outside.write_text("data")
+    keys = []
+    for root in (tmp_path / "clone-a", tmp_path / "moved" / "clone-b"):
+        (root / "data").mkdir(parents=True)
+        (root / "data" / "x.txt").write_text("the same bytes")
+        monkeypatch.setattr(st, "ROOT", root)
+        probe = st.Stage("probe", lambda q, i: {}, deps=lambda q, i, r=root: [r / "data" / "x.txt", outside],
+                         outs=lambda q, i: [], params=lambda q, i: {})
+        keys.append(st.stage_key(probe, p, None))
+        assert st.project_relative(root / "data" / "x.txt") == "data/x.txt"
+        assert st.project_relative(outside) == str(outside)
+    assert keys[0] == keys[1]
