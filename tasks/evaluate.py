@@ -169,7 +169,7 @@ def _add_latency(p: Params, task: str, results: dict[str, dict[str, Any]], sessi
     speedup_p10_b..., speedup_p90_b... (their spread)."""
     import torch
 
-    from distillery.efficiency.latency import measure_latency
+    from distillery.efficiency.latency import time_sessions
     from distillery.models import load_model
 
     head = task_kind(task).head
@@ -178,9 +178,10 @@ def _add_latency(p: Params, task: str, results: dict[str, dict[str, Any]], sessi
     for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
         timed = {**models, **bf16, **sessions} if device == "cpu" else models
         for batch in p.evaluation.latency_batch_sizes:
-            table = measure_latency(timed, batch=batch, seq_len=p.evaluation.latency_seq_len,
-                                    reps=p.evaluation.latency_rounds, reference="teacher", device=device,
-                                    precisions=dict.fromkeys(bf16, "bf16"))
+            # the int8 forms in several fresh sessions, as the budget search times them (`time_sessions`)
+            table = time_sessions(timed, batch=batch, seq_len=p.evaluation.latency_seq_len,
+                                  reps=p.evaluation.latency_rounds, reference="teacher", device=device,
+                                  precisions=dict.fromkeys(bf16, "bf16"))
             for name, row in table.items():
                 target, suffix = name, ""
                 for form in FORMS:

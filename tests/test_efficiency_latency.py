@@ -144,3 +144,34 @@ def test_the_allocator_is_put_in_a_steady_state_where_glibc_runs():
     from distillery.efficiency.latency import steady_allocator
 
     assert steady_allocator() is (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
+
+
+def test_sessions_of_a_runtime_model_are_drawn_afresh_and_every_round_of_every_run_counts():
+    import time as clock
+
+    from distillery.efficiency.latency import pooled, time_sessions
+
+    made = []
+
+    class Session:  # a model with `fresh()`: an ONNX Runtime session stands in
+        def __init__(self):
+            made.append(self)
+
+        def __call__(self):
+            clock.sleep(0.0005)
+
+        def fresh(self):
+            return Session()
+
+    def reference():
+        clock.sleep(0.001)
+
+    table = time_sessions({"ref": reference, "int8": Session()}, reps=9, sessions=3, reference="ref",
+                          min_sample_ms=1, warmup=1, settle_ms=0)
+    assert len(made) == 3  # the first session and two fresh ones
+    assert table["int8"].reps == 9 and len(table["int8"].ratios) == 9 and table["int8"].speedup > 1
+    assert len(table["ref"].samples_ms) == 3 * (3 + 3)  # each run: a reference sample before and after each round
+    single = time_sessions({"ref": reference, "plain": reference}, reps=4, reference="ref", min_sample_ms=1,
+                           warmup=1, settle_ms=0)
+    assert single["plain"].reps == 4  # nothing to draw afresh: one run
+    assert pooled([single]) == single

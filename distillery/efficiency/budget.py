@@ -208,28 +208,30 @@ def _percentile(values: Sequence[float], q: float) -> float:
 
 
 def time_candidates(teacher, cands: Sequence[Candidate], budget: Budget, *, timer: Timer | None = None,
-                    workdir: str | Path | None = None, sessions: int = 3) -> tuple[float, list[Timed]]:
+                    workdir: str | Path | None = None, sessions: int | None = None) -> tuple[float, list[Timed]]:
     """(the fp32 teacher's median ms, every candidate timed), fastest first. ``teacher``: the teacher model (its
     config gives the students' architecture; its weights are timed as they are). Forms the machine cannot serve
     (bf16 without fast bf16) must have been left out of ``cands`` (`available_forms`).
 
-    ``sessions``: the timer runs that many times, every int8 candidate in a fresh ONNX Runtime session of its file
-    each time, and every round of every session counts: a candidate's median and spread are over all of them (its
-    speedup in a round is the teacher's time in that round over its own). Sessions of one file time differently, so
-    one session would make the shape chosen a draw."""
+    ``sessions`` (default `ONNX_SESSIONS`, as the evaluate stage's `time_sessions`): the timer runs that many times,
+    every int8 candidate in a fresh ONNX Runtime session of its file each time, and every round of every session
+    counts: a candidate's median and spread are over all of them (its speedup in a round is the teacher's time in that
+    round over its own). Sessions of one file time differently, so one session would make the shape chosen a draw."""
     if not cands:
         raise BudgetError("no candidate shapes to time")
+    from distillery.efficiency.export import OnnxModel
+    from distillery.efficiency.latency import ONNX_SESSIONS
+
+    sessions = ONNX_SESSIONS if sessions is None else sessions
     if sessions < 1:
         raise BudgetError(f"sessions must be >= 1, got {sessions}")
-    from distillery.efficiency.export import OnnxModel
 
     timer = timer or measured_timer(budget)
     with tempfile.TemporaryDirectory(prefix="distillery-budget-") as tmp:
         models, precisions, params = _models(teacher, cands, Path(workdir or tmp))
         figures = [timer(models, precisions)]
         for _ in range(sessions - 1):
-            models = {name: OnnxModel(m.path, vocab_size=m.vocab_size) if isinstance(m, OnnxModel) else m
-                      for name, m in models.items()}
+            models = {name: m.fresh() if isinstance(m, OnnxModel) else m for name, m in models.items()}
             figures.append(timer(models, precisions))
     ms: dict[str, list[float]] = {name: [] for name in figures[0]}
     ratios: dict[str, list[float]] = {name: [] for name in figures[0]}

@@ -379,6 +379,7 @@ class OnnxModel:
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"no ONNX model at {self.path}")
+        self._options = {"threads": threads, "optimize": optimize}
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads or torch.get_num_threads()
         opts.inter_op_num_threads = 1
@@ -392,6 +393,11 @@ class OnnxModel:
         self.session = ort.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.vocab_size = vocab_size or _onnx_vocab_size(self.path)
+
+    def fresh(self) -> "OnnxModel":
+        """A new session of the same file with the same options (sessions of one file time differently:
+        `distillery.efficiency.latency.time_sessions`)."""
+        return OnnxModel(self.path, vocab_size=self.vocab_size, **self._options)
 
     def __call__(self, **inputs: Any) -> np.ndarray:
         missing = [n for n in self.input_names if n not in inputs and n != "token_type_ids"]

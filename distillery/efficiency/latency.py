@@ -34,7 +34,7 @@ import copy
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -257,6 +257,52 @@ def measure_latency(models: Mapping[str, Any], *, batch: int = 1, seq_len: int =
             speedup=speedup, speedup_p10=low, speedup_p90=high, device=str(dev), threads=threads,
             samples_ms=tuple(1000 * t for t in ts), ratios=tuple(rs))
     return results
+
+
+#: how many sessions of each ONNX Runtime model a timing draws: sessions of one file time differently (thread
+#: placement, memory layout), so one session would make an int8 figure a draw
+ONNX_SESSIONS = 3
+
+
+def time_sessions(models: Mapping[str, Any], *, reps: int = 20, sessions: int = ONNX_SESSIONS,
+                  **options: Any) -> dict[str, LatencyResult]:
+    """`measure_latency` of `models` in `sessions` runs of ``reps / sessions`` rounds each (at least 3), every model
+    that has a ``fresh()`` (an ONNX Runtime session, `distillery.efficiency.export.OnnxModel`) in a new session in
+    each run; the runs `pooled`. With no such model: one run of `reps` rounds."""
+    if sessions < 1:
+        raise ValueError(f"sessions must be >= 1, got {sessions}")
+    if not any(hasattr(m, "fresh") for m in models.values()):
+        sessions = 1
+    runs = []
+    for s in range(sessions):
+        if s:
+            models = {name: m.fresh() if hasattr(m, "fresh") else m for name, m in models.items()}
+        runs.append(measure_latency(models, reps=max(3, math.ceil(reps / sessions)) if sessions > 1 else reps,
+                                    **options))
+    return pooled(runs)
+
+
+def pooled(runs: list[Mapping[str, LatencyResult]]) -> dict[str, LatencyResult]:
+    """Several timings of the same models as one: every round of every run counts (samples and per-round ratios
+    joined, medians and percentiles over all of them)."""
+    if not runs:
+        raise ValueError("pooled needs at least one timing")
+    if len(runs) == 1:
+        return dict(runs[0])
+    out = {}
+    for name, first in runs[0].items():
+        rows = [r[name] for r in runs]
+        ts = [t for r in rows for t in r.samples_ms]
+        rs = [x for r in rows for x in r.ratios]
+        med = statistics.median(ts)
+        speedup = low = high = None
+        if rs:
+            speedup, low, high = (float(np.percentile(rs, q)) for q in (50, 10, 90))
+        out[name] = replace(first, reps=sum(r.reps for r in rows), median_ms=med,
+                            p10_ms=float(np.percentile(ts, 10)), p90_ms=float(np.percentile(ts, 90)),
+                            throughput=first.batch / (med / 1000) if med > 0 else float("inf"),
+                            speedup=speedup, speedup_p10=low, speedup_p90=high, samples_ms=tuple(ts), ratios=tuple(rs))
+    return out
 
 
 def latency_table(results: Mapping[str, LatencyResult]) -> str:
