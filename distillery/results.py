@@ -74,6 +74,12 @@ def append_run(md: str | Path, run_dir: str | Path, *, command: str, seconds: fl
     summary = json.loads((run_dir / "metrics" / "summary.json").read_text(encoding="utf-8"))
     row = {"date": _dt.date.today().isoformat(), "commit": _commit(run_dir), "machine": machine(),
            "command": command, "wall_s": round(seconds, 1), "tasks": row_from_summary(summary)}
+    searches = {}  # a budgeted student's search: the form it chose and the speedup it timed, beside evaluate's
+    for found in sorted((run_dir / "models" / "search").glob("*/search.json")):
+        winner = json.loads(found.read_text(encoding="utf-8"))["winner"]
+        searches[found.parent.name] = {k: winner[k] for k in ("name", "form", "speedup", "speedup_p10") if k in winner}
+    if searches:
+        row["search"] = searches
     log = md.with_suffix(".jsonl")
     rows = read_log(log) + [row]
     write_text(log, "".join(json.dumps(r) + "\n" for r in rows))
@@ -111,6 +117,9 @@ def render(rows: list[Mapping[str, Any]]) -> str:
         if r.get("transcribed"):
             out.append(f"\nTranscribed from {r['transcribed']} (written up by hand before this log; "
                        "no summary kept).\n")
+        for student, found in (r.get("search") or {}).items():
+            out.append(f"\nSearch of {student}: chose {found['name']} at {found['speedup']:.2f}x the fp32 teacher "
+                       f"(p10 {found['speedup_p10']:.2f}x) at batch 1; the tables below are the evaluate stage's.\n")
         for task, models in r["tasks"].items():
             out.append(f"\n| {task} | dev score | retention | gain over direct | speedup b1 [p10-p90] |\n"
                        "|---|---:|---:|---:|---:|\n")
@@ -147,3 +156,30 @@ def readme_table(rows: list[Mapping[str, Any]], task: str = "demo") -> str:
                    f"{speed(name)} | {speed(f'{name}-bf16')} | {speed(f'{name}-int8')} |\n"
                    if "retention" in e else f"| {name} | {_score(e)} | - | - | {speed(name)} | - | - |\n")
     return "".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m distillery.results RUN_DIR --command CMD --seconds S``: add the run in RUN_DIR (a project that ran;
+    its metrics/summary.json) to docs/results.jsonl and render docs/results.md."""
+    from distillery.errors import ArgumentParser, InputNotFoundError, run_main
+
+    parser = ArgumentParser(prog="python -m distillery.results", description=main.__doc__)
+    parser.add_argument("run_dir", help="the project directory of the run (its metrics/summary.json)")
+    parser.add_argument("--command", required=True, help="the command that made the run, as a reader would type it")
+    parser.add_argument("--seconds", type=float, required=True, help="its wall time")
+    parser.add_argument("--log", default=str(Path(__file__).resolve().parents[1] / "docs" / "results.md"),
+                        help="the results page (its .jsonl beside it holds the rows)")
+    args = parser.parse_args(argv)
+
+    def add() -> int:
+        if not (Path(args.run_dir) / "metrics" / "summary.json").is_file():
+            raise InputNotFoundError(f"{args.run_dir}: no metrics/summary.json (the report stage writes it)")
+        row = append_run(args.log, args.run_dir, command=args.command, seconds=args.seconds)
+        print(f"{args.log}: added the run of {row['date']} ({row['commit']}, {row['machine']})")
+        return 0
+
+    return run_main(add)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

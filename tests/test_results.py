@@ -29,6 +29,17 @@ def test_a_run_becomes_a_row_of_the_log_and_the_page_is_rendered_from_the_rows(t
     text = md.read_text()
     assert text == render(rows)
     assert "| s | 90.00 | 0.914 | +10.00 | 2.6x [2.5-2.7] |" in text and "412 s" in text and "cores" in text
+    (run / "models" / "search" / "s").mkdir(parents=True)  # a budgeted student's search, beside evaluate's figure
+    (run / "models" / "search" / "s" / "search.json").write_text(json.dumps(
+        {"winner": {"name": "3x288-int8", "form": "int8", "speedup": 6.8, "speedup_p10": 6.05, "ms": 4.4}}))
+    from distillery.results import main
+
+    assert main([str(run), "--command", "python -m flows.pipeline --preset budget", "--seconds", "1900",
+                 "--log", str(md)]) == 0
+    newest = read_log(tmp_path / "results.jsonl")[-1]
+    assert newest["search"] == {"s": {"name": "3x288-int8", "form": "int8", "speedup": 6.8, "speedup_p10": 6.05}}
+    assert newest["command"] == "python -m flows.pipeline --preset budget" and md.read_text() == render(read_log(
+        tmp_path / "results.jsonl"))
 
 
 def test_the_docs_results_page_is_the_rendering_of_its_log():
