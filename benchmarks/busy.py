@@ -1,4 +1,4 @@
-"""A training stage alone and beside one CPU-bound process (issue 27, item 7), side by side in one run.
+"""A training stage alone and beside one CPU-bound process, side by side in one run.
 
 The stage: the demo's TinyBERT intermediate-layer distillation (teacher 4/128/4/512, student 2/64/4/256, vocab
 500, batch 32, length 64) through the `Distiller` module the Trainer optimises: forward, backward, AdamW step. It

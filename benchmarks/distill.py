@@ -1,4 +1,4 @@
-"""Distillation throughput on CPU (issue 2, item 6), all measured side by side in one run.
+"""Distillation throughput on CPU, all measured side by side in one run.
 
 BERT-base-shaped teacher (12/768/12/3072, vocab 30522, random weights) and a TinyBERT4 student
 (4/312/12/1200), batch 32, sequence 64:

@@ -1,4 +1,4 @@
-"""The TinyBERT recipe on one GPU, each part against its floor, measured side by side in one run (issue 13).
+"""The TinyBERT recipe on one GPU, each part against its floor, measured side by side in one run.
 
 Run: python -m benchmarks.gpu            (needs CUDA; without it prints why and exits 0)
      python -m benchmarks.gpu --device cpu --micro   (the same code at toy sizes: what the test suite runs)

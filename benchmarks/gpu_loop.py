@@ -1,4 +1,4 @@
-"""Where the pipeline's training loop spends a step, and what the loader and the per-step checks cost (issue 36).
+"""Where the pipeline's training loop spends a step, and what the loader and the per-step checks cost.
 
 On one H200 (2026-11-27) every training loop of the `gpu` preset ran at 10-15 steps a second whatever its model.
 This runs the pipeline's own loop (`loop_step`: `distill` through the Trainer, its data loader over

@@ -1,5 +1,5 @@
 """The search stage: a student with a latency budget instead of a shape (``students.<name>.budget``) gets its shape and
-deployed form here, on the machine that runs the stage (issue 41; AutoTinyBERT's constraint in, architecture out,
+deployed form here, on the machine that runs the stage (AutoTinyBERT's constraint in, architecture out,
 with every candidate timed instead of predicted).
 
 1. Every candidate shape the recipe can train (`Recipe.budget_shapes`) is built with random weights in every deployed
