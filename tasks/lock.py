@@ -46,7 +46,7 @@ def _holder(path: Path) -> str:
 
 @contextmanager
 def project_lock(root: Path | None = None, *, wait: bool = True,
-                 say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> Iterator[None]:
+                 say: Callable[[str], None] = lambda line: print(line, flush=True)) -> Iterator[None]:
     """Hold the project's lock for the block (module docstring). ``wait`` False: raise `ProjectBusyError` naming the
     holder instead of waiting. Where `fcntl` is missing (Windows) the block runs unlocked."""
     try:

@@ -14,6 +14,7 @@ the others find it as it was built.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -23,6 +24,11 @@ from typing import NamedTuple
 import pytest
 
 from helpers import MICRO, RESUME, make_project, run
+
+# The suite's stage runs share this checkout's root (and its lock, tasks.lock) as its tests share fixtures: they are
+# one run of the suite, not two users of one project, so the stages they start as subprocesses are this process's
+# children to the lock. tests/test_lock.py unsets it to test the lock itself.
+os.environ.setdefault("DISTILLERY_PROJECT_LOCK", str(os.getpid()))
 
 
 class Built(NamedTuple):

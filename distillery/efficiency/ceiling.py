@@ -24,7 +24,7 @@ import torch
 from distillery.efficiency.flops import flops_if_counted
 
 #: the shortest timed sample of one shape, in seconds of back-to-back calls
-SAMPLE_S = 0.05
+SAMPLE_S = 0.02
 
 
 @dataclass(frozen=True)
