@@ -479,6 +479,10 @@ def test_a_regression_target_of_any_sign_is_scored_and_a_test_row_without_one_is
     dsd = _load(tmp_path, "neg", {"train": str(train), "validation": str(train), "test": str(test), "text": "s",
                                   "label": "v", "type": "regression"})
     assert dsd["dev"]["label"][:] == [-3.5, -1.0, 0.0, 2.0]  # -1.0 is a target, not "unlabeled"
+    from distillery.glue.stats import split_stats
+
+    assert split_stats("neg", dsd["dev"]) == {"rows": 4, "labels": {"-4--3": 1, "-1-0": 1, "0-1": 1, "2-3": 1}}
+    assert split_stats("neg", dsd["test"]) == {"rows": 2, "labels": {}}
     assert all(math.isnan(v) for v in dsd["test"]["label"][:])
     scores = compute_metrics("neg", [-3.0, -1.5, 0.5, 2.5], dsd["dev"]["label"][:])
     assert scores["pearson"] > 0.9

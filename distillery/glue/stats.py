@@ -15,8 +15,6 @@ from distillery.glue.tasks import TASKS, TaskSpec, get_task
 if TYPE_CHECKING:
     import datasets
 
-# STS-B scores are counted in unit bins; 5.0 falls in the last bin.
-SCORE_BINS = ("0-1", "1-2", "2-3", "3-4", "4-5")
 
 
 def split_stats(task: str | TaskSpec, ds: datasets.Dataset) -> dict:
@@ -24,15 +22,18 @@ def split_stats(task: str | TaskSpec, ds: datasets.Dataset) -> dict:
     unlabeled rows not counted (a test split has labels {})."""
     spec = get_task(task)
     counts: Counter = Counter()
+    lows: dict[str, int] = {}  # a regression bin's name -> its lower bound
     for v in ds["label"][:]:
         if is_unlabeled(spec, v):
             continue
-        if spec.is_regression:  # GLUE's [0, 5] in its unit bins; a target of your own in unit bins of any sign
-            counts[SCORE_BINS[min(int(v), 4)] if 0 <= v <= 5 else f"{math.floor(v)}-{math.floor(v) + 1}"] += 1
+        if spec.is_regression:  # unit bins: GLUE's [0, 5] (5.0 in the last), a target of your own of any sign
+            low = min(int(v), 4) if 0 <= v <= 5 else math.floor(v)
+            name = f"{low}-{low + 1}"
+            lows[name] = low
+            counts[name] += 1
         else:
             counts[spec.labels[int(v)]] += 1
-    order = (sorted(counts, key=lambda k: float(k.rpartition("-")[0] or k)) if spec.is_regression
-             and set(counts) - set(SCORE_BINS) else SCORE_BINS if spec.is_regression else spec.labels)
+    order = sorted(counts, key=lows.__getitem__) if spec.is_regression else spec.labels
     return {"rows": len(ds), "labels": {k: counts[k] for k in order if counts[k]}}
 
 
