@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     import datasets
 
 
-
 def split_stats(task: str | TaskSpec, ds: datasets.Dataset) -> dict:
     """{"rows": n, "labels": {label: count}}; label names from the registry, STS-B in unit bins,
     unlabeled rows not counted (a test split has labels {})."""
