@@ -5,8 +5,10 @@ precisions, interleaved (fp32, bf16, bf16, fp32, ...), after a warm-up; the medi
 
   (a) a distillation step of the `local` preset's shapes: a 6 x 384 teacher (all-MiniLM-L6-v2's shape, BERT's
       30522-word vocabulary) and a 3 x 384 student, TinyBERT's intermediate losses (eqs. 7-9) through the
-      `Distiller` the Trainer optimises, backward, AdamW; batch 32 at length 64 and 128;
-      every bf16 run with the attention the pipeline gives it (`distillery.precision.fast_attention`);
+      `Distiller` the Trainer optimises, backward, fused AdamW; batch 32 at length 64 and 128;
+      every bf16 run with the attention the pipeline gives it (`distillery.precision.fast_attention`), on a CPU
+      with the pipeline's kernels (`distillery.training.cpu_kernels`: dropout, attention, bias); at length 128 the
+      bf16 step without them beside it;
   (b) a SQuAD-shaped fine-tuning step: the 6 x 384 encoder with a span head at length 384 (batch --squad-batch);
   (c) inference of the 6 x 384 classifier at batch 1 and 32, length 128 (`distillery.efficiency.measure_latency`,
       as the evaluate stage times the bf16 row);
@@ -21,7 +23,8 @@ teacher forward, over its time, over the ceiling).
 
 Last line: ``train_speedup: X infer_speedup: Y aug_speedup: Z ceiling_ratio: R step_mfu_bf16: M step_mfu_fp32: N``
 (X: (a) at length 128; Y: (c) at batch 32; Z: (d); each fp32 time over bf16 time; R: the bf16 matmul ceiling over
-the fp32 one, the most X and Y could be; M, N: (a)'s MFU at length 128). On a device without fast bf16 it says so in one line and exits 0.
+the fp32 one, the most X and Y could be; M, N: (a)'s MFU at length 128), and on a CPU ``kernels_gain: G`` (the bf16
+step without `distillery.training.cpu_kernels` over the step with them). On a device without fast bf16 it says so in one line and exits 0.
 """
 
 from __future__ import annotations
@@ -35,12 +38,15 @@ import torch
 import transformers
 
 from distillery import precision
+from distillery.training import cpu_kernels
 from distillery.efficiency.ceiling import StepFlops, layer_shapes, matmul_ceiling
 
 #: the matmul ceilings (FLOP/s) measured beside the distillation steps, by precision; each step's MFU, by
 #: (batch, length, precision)
 CEILINGS: dict[str, float] = {}
 MFU: dict[tuple[int, int, str], float] = {}
+#: the bf16 step's time without `distillery.training.cpu_kernels` over its time with them, by (batch, length)
+KERNELS_GAIN: dict[tuple[int, int], float] = {}
 #: (layers, hidden, heads, intermediate): the local preset's teacher (all-MiniLM-L6-v2) and its 3-layer student
 TEACHER, STUDENT = (6, 384, 12, 1536), (3, 384, 12, 1536)
 VOCAB = 30522
@@ -80,26 +86,33 @@ def _ratio(line: str, t: dict[str, float]) -> float:
 
 
 def train_steps(model: torch.nn.Module, inputs: dict[str, torch.Tensor], reps: int, *attention,
-                device: str = "cpu") -> dict[str, float]:
+                device: str = "cpu", torch_kernels: bool = False) -> dict[str, float]:
     """Median seconds of one training step of `model` (forward to its `.loss`, backward, AdamW) in each precision,
-    interleaved, on `device` (the model and inputs are moved there); `attention`: the transformers models inside whose
-    attention follows the precision."""
+    interleaved, on `device` (the model and inputs are moved there), as the pipeline's Trainer runs it: fused AdamW,
+    and on a CPU `distillery.training.cpu_kernels`; `attention`: the transformers models inside whose attention
+    follows the precision. `torch_kernels`: also "bf16, torch kernels", the bf16 step without `cpu_kernels`."""
     model.to(device)
     inputs = {k: v.to(device) for k, v in inputs.items()}
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True)
 
-    def step(form: str) -> Callable[[], None]:
+    def step(form: str, cheap: bool = True) -> Callable[[], None]:
         def run() -> None:
             attention_for(form, *attention, device=device)
-            with precision.autocast(device, form):
-                loss = model(**inputs).loss
-            loss.backward()
+            teacher = getattr(model, "teacher", None)  # a Distiller's, run by the pipeline with the kernels too
+            with cpu_kernels.used(model if cheap else None, device), \
+                    cpu_kernels.used(teacher if cheap else None, device):
+                with precision.autocast(device, form):
+                    loss = model(**inputs).loss
+                loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
 
         return run
 
-    return interleaved({"fp32": step("fp32"), "bf16": step("bf16")}, reps, device)
+    steps = {"fp32": step("fp32"), "bf16": step("bf16")}
+    if torch_kernels and torch.device(device).type == "cpu":
+        steps["bf16, torch kernels"] = step("bf16", cheap=False)
+    return interleaved(steps, reps, device)
 
 
 def distillation_step(batch: int, seq: int, reps: int, device: str = "cpu") -> float:
@@ -116,8 +129,12 @@ def distillation_step(batch: int, seq: int, reps: int, device: str = "cpu") -> f
     distiller = Distiller(student, teacher, DistillSpec(INTERMEDIATE, "intermediate", lm),
                           make_projection(student, teacher, lm)).train()
     inputs = {k: v for k, v in make_batch(batch, seq).items() if k != "labels"}
-    times = train_steps(distiller, inputs, reps, teacher, student, device=device)
+    times = train_steps(distiller, inputs, reps, teacher, student, device=device, torch_kernels=seq == 128)
     ratio = _ratio(f"(a) distillation step, batch {batch}, length {seq}", times)
+    if "bf16, torch kernels" in times:
+        KERNELS_GAIN[(batch, seq)] = times["bf16, torch kernels"] / times["bf16"]
+        print(f"    bf16 without distillery.training.cpu_kernels: {1000 * times['bf16, torch kernels']:.0f} ms "
+              f"({KERNELS_GAIN[(batch, seq)]:.2f}x the time with them)", flush=True)
     flops = StepFlops(student, teacher)(inputs)
     shapes = layer_shapes(STUDENT[1], STUDENT[3], batch * seq)
     for form, dtype in (("fp32", "float32"), ("bf16", "bfloat16")):
@@ -227,9 +244,12 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
            "aug_speedup": augmentation(args.sentences, args.mlm, args.reps, dev)}
     res.update(ceiling_ratio=CEILINGS["bf16"] / CEILINGS["fp32"], step_mfu_bf16=MFU[(32, 128, "bf16")],
                step_mfu_fp32=MFU[(32, 128, "fp32")])
+    if (32, 128) in KERNELS_GAIN:
+        res["kernels_gain"] = KERNELS_GAIN[(32, 128)]
     print(f"train_speedup: {res['train_speedup']:.2f} infer_speedup: {res['infer_speedup']:.2f} "
           f"aug_speedup: {res['aug_speedup']:.2f} ceiling_ratio: {res['ceiling_ratio']:.2f} "
-          f"step_mfu_bf16: {res['step_mfu_bf16']:.2f} step_mfu_fp32: {res['step_mfu_fp32']:.2f}")
+          f"step_mfu_bf16: {res['step_mfu_bf16']:.2f} step_mfu_fp32: {res['step_mfu_fp32']:.2f}"
+          + (f" kernels_gain: {res['kernels_gain']:.2f}" if "kernels_gain" in res else ""))
     return res
 
 

@@ -256,7 +256,7 @@ def capture(
                     # in fp32 whatever the forward's precision: under bf16 autocast q and k are bf16, and the
                     # objectives fit these scores and their softmax (distillery.precision)
                     with torch.autocast(q.device.type, enabled=False):
-                        s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+                        s = torch.matmul(q.float() * scale, k.float().transpose(-1, -2))  # scaled before: d < T
                         if i in score_idx:
                             out.scores[i] = s
                         if i in prob_idx:

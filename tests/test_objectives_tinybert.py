@@ -220,3 +220,15 @@ def test_regression_prediction_loss_both_targets():
         regression_prediction_loss(s, t, target="gold")
     with pytest.raises(ValueError, match="needs teacher_pred"):
         regression_prediction_loss(s, gold=g)
+
+
+def test_attention_loss_official_gradient_matches_finite_differences():
+    """The official masking's loss and its own backward (no autograd graph through the masking) against float64
+    finite differences, padded keys and a zeroed genuine score included."""
+    s = rnd(B, H, T, T, seed=5)
+    s[1, 0, 1, 1] = -150.0  # zeroed: no gradient there
+    s.requires_grad_(True)
+    t = rnd(B, H, T, T, seed=6)
+    assert torch.autograd.gradcheck(lambda x: attention_loss([x], [t], mask_of(LENGTHS)), (s,))
+    attention_loss([s], [t], mask_of(LENGTHS)).backward()
+    assert s.grad[1, 0, 1, 1] == 0 and (s.grad[2, :, :, 2:] == 0).all()  # padded keys of the 2-token row

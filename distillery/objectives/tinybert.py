@@ -27,9 +27,34 @@ OFFICIAL_MASK_VALUE = -10000.0
 OFFICIAL_ZERO_THRESHOLD = -100.0
 
 
-def _official_masked_scores(scores: Tensor, key_valid: Tensor) -> Tensor:
-    masked = scores + (~key_valid).to(scores.dtype) * OFFICIAL_MASK_VALUE
-    return torch.where(masked <= OFFICIAL_ZERO_THRESHOLD, torch.zeros((), dtype=scores.dtype, device=scores.device), masked)
+def _official_masked_scores(scores: Tensor, offset: Tensor) -> Tensor:
+    """The official code's scores: `offset` (0, or OFFICIAL_MASK_VALUE on padded keys) added, entries at or below
+    OFFICIAL_ZERO_THRESHOLD set to 0 (a new tensor, no gradient: the teacher's side)."""
+    masked = scores + offset
+    return masked.masked_fill_(masked <= OFFICIAL_ZERO_THRESHOLD, 0.0)
+
+
+class _OfficialScoreMSE(torch.autograd.Function):
+    """MSE(official(s), target) for student scores `s` and the teacher's official scores `target`, in few passes over
+    the (B, H, T, T) tensors and without autograd's intermediate copies: the masked difference is formed in place,
+    its sum of squares is one dot product (accumulated in the scores' dtype, float32 or float64), and the gradient,
+    2/N (official(s) - target) where an entry is kept, is what the forward saves."""
+
+    @staticmethod
+    def forward(ctx, s: Tensor, offset: Tensor, target: Tensor) -> Tensor:
+        diff = s + offset
+        kept = diff > OFFICIAL_ZERO_THRESHOLD
+        diff.mul_(kept).sub_(target)
+        flat = diff.view(-1)
+        ctx.scale = 2.0 / flat.numel()
+        loss = torch.dot(flat, flat) / flat.numel()
+        ctx.save_for_backward(diff.mul_(kept))
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (masked_diff,) = ctx.saved_tensors
+        return masked_diff * (grad * ctx.scale), None, None
 
 
 def attention_loss(
@@ -65,8 +90,8 @@ def attention_loss(
         valid = token_mask(attention_mask, b, n, s.device, "attention_loss")
         t = t.to(s.dtype)
         if official_masking:
-            key_valid = valid[:, None, None, :]
-            loss = F.mse_loss(_official_masked_scores(s, key_valid), _official_masked_scores(t, key_valid))
+            offset = (~valid[:, None, None, :]).to(s.dtype) * OFFICIAL_MASK_VALUE
+            loss = _OfficialScoreMSE.apply(s.contiguous(), offset, _official_masked_scores(t, offset))
         else:
             pair_valid = valid[:, None, :, None] & valid[:, None, None, :]
             loss = per_sequence_mean((s - t) ** 2, pair_valid)

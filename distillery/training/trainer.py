@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import gc
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -18,6 +18,7 @@ from transformers import PreTrainedModel, Trainer, TrainingArguments
 from distillery import precision
 from distillery.efficiency.ceiling import StepFlops, utilisation
 from distillery.runtime import FreeCores
+from distillery.training import cpu_kernels
 from distillery.training.args import train_arguments
 from distillery.training.log import LOG_NAME, quiet_progress, rows_from_state, write_log
 from distillery.training.metrics import trainer_metrics
@@ -47,7 +48,8 @@ def train_and_export(
     ``evaluate``: give the Trainer ``run.eval_dataset`` (and ``run.compute_metrics`` with ``run.main_score``) and
     evaluate the final model, whose dev metrics go to ``metrics.json``. ``export``: the model saved (default the
     Trainer's model; the student for a ``Distiller``). ``extra(dir)`` writes more files into the export.
-    ``run.param_groups``: the only parameters trained, each at its own learning-rate scale (``scaled_adamw``)."""
+    ``run.param_groups``: the only parameters trained, each at its own learning-rate scale (``scaled_adamw``). On a
+    CPU the model and its teacher run `distillery.training.cpu_kernels`' kernels while they train."""
     for m in (model, export, getattr(model, "teacher", None)):  # a Distiller's student and teacher too
         precision.fast_attention(m, targs.device, "bf16" if targs.bf16 else "fp32")
     optimizer = scaled_adamw(run.param_groups, targs) if run.param_groups is not None else None
@@ -71,7 +73,9 @@ def train_and_export(
     counted = step_flops(model)
     trainer.floating_point_ops = counted  # the Trainer counts each step's FLOPs through this method
     started = time.perf_counter()
-    with _collect_only_new_objects(targs.device):
+    with _collect_only_new_objects(targs.device), ExitStack() as kernels:
+        for m in (model, getattr(model, "teacher", None)):  # on a CPU: cheaper dropout, attention, bias
+            kernels.enter_context(cpu_kernels.used(m, targs.device))
         trainer.train(resume_from_checkpoint=last_checkpoint(run.output_dir) if run.resume else None)
     seconds = time.perf_counter() - started
     metrics = trainer.evaluate() if evaluate else None
@@ -128,4 +132,4 @@ def scaled_adamw(param_groups: Sequence[Mapping[str, Any]], args: TrainingArgume
     if not groups:
         raise ValueError("param_groups: no trainable parameter")
     return torch.optim.AdamW(groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
-                             eps=args.adam_epsilon)
+                             eps=args.adam_epsilon, fused=args.optim == "adamw_torch_fused" or None)

@@ -1,0 +1,122 @@
+"""The CPU training kernels (distillery.training.cpu_kernels): the dropout's drop rate and scale, its seed, its
+gradient; the attention equal to transformers' eager attention; the bias after a bf16 matmul equal to autocast's
+linear; a model put back as it was after training with them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from torch import nn
+from transformers.models.bert.modeling_bert import eager_attention_forward
+
+from distillery.training import cpu_kernels
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_the_drop_rate_is_p_to_within_its_resolution_and_the_expectation_is_kept():
+    assert cpu_kernels.drop_levels(0.1) == 6554 and cpu_kernels.drop_levels(0.0) == 0 and cpu_kernels.drop_levels(1.0) == 65536
+    torch.manual_seed(0)
+    n = 1 << 21
+    keep = cpu_kernels.keep_mask((n,), 0.1)
+    rate = 1 - keep.float().mean().item()
+    assert abs(rate - 6554 / 65536) < 5 * (0.1 * 0.9 / n) ** 0.5  # five standard deviations
+    halves = keep.view(2, -1).float().mean(1)  # the two halves of the words' draws alike
+    assert abs(halves[0] - halves[1]) < 0.003
+    out = cpu_kernels.dropout(torch.ones(n), 0.1)
+    kept = out[out != 0]
+    assert torch.equal(kept, torch.full_like(kept, 65536 / (65536 - 6554)))
+    assert abs(out.mean().item() - 1.0) < 0.005
+    with pytest.raises(ValueError, match="dropout probability"):
+        cpu_kernels.keep_mask((4,), 1.5)
+
+
+def test_the_same_seed_gives_the_same_mask_and_the_gradient_is_the_mask_scaled():
+    x = torch.randn(3, 5, 7, requires_grad=True)
+    torch.manual_seed(1)
+    a = cpu_kernels.dropout(x, 0.3)
+    torch.manual_seed(1)
+    b = cpu_kernels.dropout(x, 0.3)
+    assert torch.equal(a, b) and not torch.equal(a, x)
+    a.sum().backward()
+    scale = 65536 / (65536 - cpu_kernels.drop_levels(0.3))
+    assert torch.equal(x.grad, (a != 0).float() * scale)
+    assert cpu_kernels.dropout(x, 0.3, training=False) is x and cpu_kernels.dropout(x, 0.0) is x
+    assert torch.equal(cpu_kernels.dropout(x, 1.0), torch.zeros_like(x))
+
+
+def test_the_attention_is_berts_eager_attention():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 6, 4) for _ in range(3))
+    mask = torch.zeros(2, 1, 1, 6)
+    mask[1, ..., 4:] = torch.finfo(torch.float32).min
+    module = nn.Module().eval()
+    theirs = eager_attention_forward(module, q, k, v, mask, scaling=0.5, dropout=0.1)
+    for given in (mask, mask == 0):  # additive, or True where attended (the SDPA masks `used` asks for)
+        ours = cpu_kernels.attention(module, q, k, v, given, scaling=0.5, dropout=0.1)
+        assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(ours, theirs))
+    module.train()
+    torch.manual_seed(2)
+    out, probs = cpu_kernels.attention(module, q, k, v, mask == 0, dropout=0.5)
+    torch.manual_seed(2)
+    keep = cpu_kernels.keep_mask(probs.shape, 0.5)
+    reference = torch.softmax(q @ k.transpose(2, 3) * 0.5 + mask, -1) * keep * (65536 / 32768)
+    assert torch.allclose(probs, reference) and torch.allclose(out, (reference @ v).transpose(1, 2))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 scores stay bf16, within bf16's rounding of eager's
+        low = cpu_kernels.attention(module.eval(), q, k, v, mask == 0)
+    assert low[1].dtype == torch.bfloat16 and torch.allclose(low[0].float(), theirs[0], atol=0.05)
+
+
+def test_the_bias_after_the_matmul_is_autocasts_linear():
+    torch.manual_seed(0)
+    layer, x = nn.Linear(24, 40), torch.randn(5, 24, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        theirs = layer(x)
+        theirs.float().pow(2).sum().backward()
+        grads = [t.grad.clone() for t in (x, layer.weight, layer.bias)]
+        for t in (x, layer.weight, layer.bias):
+            t.grad = None
+        layer.__class__ = cpu_kernels.Linear
+        ours = layer(x)
+        ours.float().pow(2).sum().backward()
+    assert ours.dtype == theirs.dtype == torch.bfloat16
+    assert torch.allclose(ours.float(), theirs.float(), rtol=0.01, atol=0.01)  # one more bf16 rounding
+    assert all(torch.allclose(t.grad, g, rtol=0.02, atol=0.02) for t, g in zip((x, layer.weight, layer.bias), grads))
+    assert torch.equal(layer(x.detach()), nn.functional.linear(x.detach(), layer.weight, layer.bias))  # fp32: nn.Linear
+
+
+def _bert() -> transformers.BertForSequenceClassification:
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=32, max_position_embeddings=16, attn_implementation="sdpa")
+    return transformers.BertForSequenceClassification(config)
+
+
+def test_a_model_trains_with_it_on_a_cpu_and_is_put_back_after():
+    model = _bert().train()
+    ids = torch.randint(0, 50, (2, 8))
+    padded = {"input_ids": ids, "attention_mask": torch.tensor([[1] * 8, [1] * 3 + [0] * 5])}
+    model.eval()
+    reference = model(**padded).logits
+    model.train()
+    with cpu_kernels.used(model, "cpu"):
+        model.eval()
+        assert torch.allclose(model(**padded).logits, reference, atol=1e-5)  # the padding mask reaches the attention
+        model.train()
+        assert model.config._attn_implementation == cpu_kernels.ATTENTION
+        assert all(type(m) is not nn.Dropout and type(m) is not nn.Linear for m in model.modules())
+        assert sum(type(m) is cpu_kernels.Dropout for m in model.modules()) == 2 * 3 + 2  # embeddings, classifier, layers
+        torch.manual_seed(3)
+        first = model(input_ids=ids).logits
+        torch.manual_seed(3)
+        assert torch.equal(model(input_ids=ids).logits, first)  # seeded: the same
+        model.eval()
+        inside = model(input_ids=ids).logits
+    assert model.config._attn_implementation == "sdpa" and not model.training
+    assert all(type(m) not in (cpu_kernels.Dropout, cpu_kernels.Linear) for m in model.modules())
+    model.set_attn_implementation("eager")
+    assert torch.allclose(model(input_ids=ids).logits, inside, atol=1e-5)  # eval: transformers' eager attention
+    gpu = _bert()
+    with cpu_kernels.used(gpu, "cuda"):  # on a GPU, PyTorch's fused dropout: nothing changes
+        assert gpu.config._attn_implementation == "sdpa" and any(type(m) is nn.Dropout for m in gpu.modules())
