@@ -256,7 +256,9 @@ def capture(
                     # in fp32 whatever the forward's precision: under bf16 autocast q and k are bf16, and the
                     # objectives fit these scores and their softmax (distillery.precision)
                     with torch.autocast(q.device.type, enabled=False):
-                        s = torch.matmul(q.float() * scale, k.float().transpose(-1, -2))  # scaled before: d < T
+                        qf = q.to(torch.float32, copy=True, memory_format=torch.contiguous_format).mul_(scale)
+                        kf = k.to(torch.float32, memory_format=torch.contiguous_format)
+                        s = torch.matmul(qf, kf.transpose(-1, -2))  # scaled on q (d < T), contiguous: one copy each
                         if i in score_idx:
                             out.scores[i] = s
                         if i in prob_idx:

@@ -27,34 +27,44 @@ OFFICIAL_MASK_VALUE = -10000.0
 OFFICIAL_ZERO_THRESHOLD = -100.0
 
 
-def _official_masked_scores(scores: Tensor, offset: Tensor) -> Tensor:
-    """The official code's scores: `offset` (0, or OFFICIAL_MASK_VALUE on padded keys) added, entries at or below
-    OFFICIAL_ZERO_THRESHOLD set to 0 (a new tensor, no gradient: the teacher's side)."""
-    masked = scores + offset
-    return masked.masked_fill_(masked <= OFFICIAL_ZERO_THRESHOLD, 0.0)
+#: elements of the (B, H, T, T) scores the official attention loss reads at a time (1 MiB of float32): the masking,
+#: the difference, its square and its gradient run on a slice while it is in the cache
+CHUNK = 1 << 18
 
 
 class _OfficialScoreMSE(torch.autograd.Function):
-    """MSE(official(s), target) for student scores `s` and the teacher's official scores `target`, in few passes over
-    the (B, H, T, T) tensors and without autograd's intermediate copies: the masked difference is formed in place,
-    its sum of squares is one dot product (accumulated in the scores' dtype, float32 or float64), and the gradient,
-    2/N (official(s) - target) where an entry is kept, is what the forward saves."""
+    """MSE(official(s), official(t)) for student scores `s` and teacher scores `t` (B, H, T, T), `offset` (B, 1, 1, T):
+    official(x) is x + offset (0, or OFFICIAL_MASK_VALUE on padded keys) with entries at or below
+    OFFICIAL_ZERO_THRESHOLD set to 0, which is `torch.nn.functional.threshold`. Slice by slice of `CHUNK` elements:
+    each slice's difference, its sum of squares (a dot product, accumulated in the scores' dtype, float32 or float64)
+    and its gradient, 2/N (official(s) - official(t)) where the student's entry is kept, which the forward saves; one
+    read of `s` and `t` and one write, in a few elementwise kernels."""
 
     @staticmethod
-    def forward(ctx, s: Tensor, offset: Tensor, target: Tensor) -> Tensor:
-        diff = s + offset
-        kept = diff > OFFICIAL_ZERO_THRESHOLD
-        diff.mul_(kept).sub_(target)
-        flat = diff.view(-1)
-        ctx.scale = 2.0 / flat.numel()
-        loss = torch.dot(flat, flat) / flat.numel()
-        ctx.save_for_backward(diff.mul_(kept))
-        return loss
+    def forward(ctx, s: Tensor, offset: Tensor, t: Tensor) -> Tensor:
+        b, h, n, _ = s.shape
+        s, t = s.reshape(b * h, n, n), t.reshape(b * h, n, n)
+        offset = offset.expand(b, h, 1, n).reshape(b * h, 1, n)
+        masked_diff = torch.empty_like(s)
+        step = max(1, CHUNK // (n * n))
+        total = s.new_zeros(())
+        for i in range(0, b * h, step):
+            sl = slice(i, i + step)
+            shifted = s[sl] + offset[sl]
+            target = F.threshold_(t[sl] + offset[sl], OFFICIAL_ZERO_THRESHOLD, 0.0)
+            diff = F.threshold(shifted, OFFICIAL_ZERO_THRESHOLD, 0.0).sub_(target)
+            flat = diff.view(-1)
+            total += torch.dot(flat, flat)
+            torch.ops.aten.threshold_backward.grad_input(diff, shifted, OFFICIAL_ZERO_THRESHOLD,
+                                                        grad_input=masked_diff[sl])
+        ctx.scale, ctx.shape = 2.0 / s.numel(), (b, h, n, n)
+        ctx.save_for_backward(masked_diff)
+        return total / s.numel()
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         (masked_diff,) = ctx.saved_tensors
-        return masked_diff * (grad * ctx.scale), None, None
+        return (masked_diff * (grad * ctx.scale)).view(ctx.shape), None, None
 
 
 def attention_loss(
@@ -91,7 +101,7 @@ def attention_loss(
         t = t.to(s.dtype)
         if official_masking:
             offset = (~valid[:, None, None, :]).to(s.dtype) * OFFICIAL_MASK_VALUE
-            loss = _OfficialScoreMSE.apply(s.contiguous(), offset, _official_masked_scores(t, offset))
+            loss = _OfficialScoreMSE.apply(s, offset, t)
         else:
             pair_valid = valid[:, None, :, None] & valid[:, None, None, :]
             loss = per_sequence_mean((s - t) ** 2, pair_valid)
