@@ -55,7 +55,7 @@ def project_lock(root: Path | None = None, *, wait: bool = True,
         yield
         return
     parent = os.environ.get(ENV)
-    if _held["depth"] or (parent and parent != str(os.getpid()) and _alive(int(parent))):
+    if _held["depth"] or (parent and parent != str(os.getpid()) and alive(int(parent))):
         _held["depth"] += 1
         try:
             yield
@@ -94,7 +94,8 @@ def project_lock(root: Path | None = None, *, wait: bool = True,
         os.close(fd)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists (someone else's live process included)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -21,6 +21,8 @@ import socket
 from pathlib import Path
 from typing import Any, Iterator
 
+from tasks.lock import alive
+
 EXPERIMENT = "distillery"
 HOST_TAG, PID_TAG = "distillery.host", "distillery.pid"
 SWITCH = "DISTILLERY_TRACKING"
@@ -75,16 +77,6 @@ def run(name: str, *, params: dict[str, Any] | None = None, parent_run_id: str |
         yield active
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's live process
-        return True
-    return True
-
-
 def close_orphans(experiment_id: str) -> list[str]:
     """Mark FAILED the RUNNING runs of this host whose process is gone (killed); return their ids."""
     import mlflow
@@ -94,7 +86,7 @@ def close_orphans(experiment_id: str) -> list[str]:
     closed = []
     for r in client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=1000):
         tags = r.data.tags
-        if tags.get(HOST_TAG) == host and tags.get(PID_TAG, "").isdigit() and not _alive(int(tags[PID_TAG])):
+        if tags.get(HOST_TAG) == host and tags.get(PID_TAG, "").isdigit() and not alive(int(tags[PID_TAG])):
             client.set_tag(r.info.run_id, "distillery.killed", "the process that ran it ended without closing it")
             client.set_terminated(r.info.run_id, status="FAILED")
             closed.append(r.info.run_id)

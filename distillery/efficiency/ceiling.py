@@ -13,6 +13,7 @@ goes to everything else (elementwise work, casts, softmax, normalisation, the op
 
 from __future__ import annotations
 
+import collections
 import functools
 import statistics
 import time
@@ -79,18 +80,11 @@ def _measured(shapes: tuple[tuple[int, int, int], ...], dtype: str, device: str,
               samples: int) -> float:
     dev, dt = torch.device(device), getattr(torch, dtype)
     flops = seconds = 0.0
-    for (m, k, n), count in _counted(shapes).items():
+    for (m, k, n), count in collections.Counter(shapes).items():
         t = _time_mm(m, k, n, dt, dev, samples)
         flops += count * 2 * m * k * n
         seconds += count * t
     return flops / seconds
-
-
-def _counted(shapes: Sequence[tuple[int, int, int]]) -> dict[tuple[int, int, int], int]:
-    counts: dict[tuple[int, int, int], int] = {}
-    for s in shapes:
-        counts[s] = counts.get(s, 0) + 1
-    return counts
 
 
 def matmul_ceiling(shapes: Sequence[tuple[int, int, int]], *, dtype: str = "float32", device: str = "cpu",
@@ -133,16 +127,18 @@ class StepFlops:
         self.teacher_runs = teacher_runs or (lambda inputs: teacher is not None)
         self.flops = 0.0
         self.steps = self.tokens = self.padded = 0
-
-    @staticmethod
-    @functools.lru_cache(maxsize=1024)
-    def _per_example(config_json: str, length: int, head: str) -> int:
-        import json
-
-        return flops_if_counted(json.loads(config_json), length, head=head) or 0
+        self._configs: dict[int, dict] = {}
+        self._per_example: dict[tuple[int, int], int] = {}
 
     def _model(self, model: Any, length: int) -> int:
-        return self._per_example(model.config.to_json_string(use_diff=False), length, _head(model))
+        """Its FLOPs per example at `length`, counted once per model and length (the model's config is read once:
+        it does not change within a run)."""
+        key = (id(model), length)
+        if key not in self._per_example:
+            if id(model) not in self._configs:
+                self._configs[id(model)] = model.config.to_dict()
+            self._per_example[key] = flops_if_counted(self._configs[id(model)], length, head=_head(model)) or 0
+        return self._per_example[key]
 
     def __call__(self, inputs: Mapping[str, Any]) -> float:
         ids = inputs.get("input_ids")
