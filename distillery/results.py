@@ -87,6 +87,22 @@ def append_run(md: str | Path, run_dir: str | Path, *, command: str, seconds: fl
     return row
 
 
+def append_output(md: str | Path, output: str | Path, *, command: str, seconds: float) -> dict[str, Any]:
+    """Add a benchmark's run to the log beside `md`: `output`, the file its console output went to (every line kept,
+    its last line the figures it is read by), with the command and wall time; the commit is the project's."""
+    md, output = Path(md), Path(output)
+    lines = [ln.rstrip() for ln in output.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if not lines:
+        raise ValueError(f"{output}: empty (the benchmark's console output goes there)")
+    row = {"date": _dt.date.today().isoformat(), "commit": _commit(Path(__file__).resolve().parent),
+           "machine": machine(), "command": command, "wall_s": round(seconds, 1), "output": lines, "tasks": {}}
+    log = md.with_suffix(".jsonl")
+    rows = read_log(log) + [row]
+    write_text(log, "".join(json.dumps(r) + "\n" for r in rows))
+    write_text(md, render(rows))
+    return row
+
+
 def read_log(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
@@ -114,6 +130,8 @@ def render(rows: list[Mapping[str, Any]]) -> str:
                    + (f": {r['wall_s']:.0f} s" if r.get("wall_s") is not None else "") + "\n")
         if r.get("note"):
             out.append(f"\n{r['note']}\n")
+        if r.get("output"):
+            out.append("\n```text\n" + "\n".join(r["output"]) + "\n```\n")
         if r.get("transcribed"):
             out.append(f"\nTranscribed from {r['transcribed']} (written up by hand before this log; "
                        "no summary kept).\n")
@@ -160,11 +178,13 @@ def readme_table(rows: list[Mapping[str, Any]], task: str = "demo") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m distillery.results RUN_DIR --command CMD --seconds S``: add the run in RUN_DIR (a project that ran;
-    its metrics/summary.json) to docs/results.jsonl and render docs/results.md."""
+    its metrics/summary.json) to docs/results.jsonl and render docs/results.md. ``--output FILE`` instead of RUN_DIR:
+    a benchmark's run, FILE its console output."""
     from distillery.errors import ArgumentParser, InputNotFoundError, run_main
 
     parser = ArgumentParser(prog="python -m distillery.results", description=main.__doc__)
-    parser.add_argument("run_dir", help="the project directory of the run (its metrics/summary.json)")
+    parser.add_argument("run_dir", nargs="?", help="the project directory of the run (its metrics/summary.json)")
+    parser.add_argument("--output", help="instead of a run directory: the console output of a benchmark's run")
     parser.add_argument("--command", required=True, help="the command that made the run, as a reader would type it")
     parser.add_argument("--seconds", type=float, required=True, help="its wall time")
     parser.add_argument("--log", default=str(Path(__file__).resolve().parents[1] / "docs" / "results.md"),
@@ -172,6 +192,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def add() -> int:
+        if (args.run_dir is None) == (args.output is None):
+            parser.error("give a run directory or --output FILE (one of the two)")
+        if args.output is not None:
+            if not Path(args.output).is_file():
+                raise InputNotFoundError(f"{args.output}: no such file (the benchmark's console output)")
+            row = append_output(args.log, args.output, command=args.command, seconds=args.seconds)
+            print(f"{args.log}: added the run of {row['date']} ({row['commit']}, {row['machine']})")
+            return 0
         if not (Path(args.run_dir) / "metrics" / "summary.json").is_file():
             raise InputNotFoundError(f"{args.run_dir}: no metrics/summary.json (the report stage writes it)")
         row = append_run(args.log, args.run_dir, command=args.command, seconds=args.seconds)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from benchmarks.demo import close, compare_lines, readme_line, split_line, with_readme_line
 from distillery.results import append_run, read_log, render
 
@@ -40,6 +42,24 @@ def test_a_run_becomes_a_row_of_the_log_and_the_page_is_rendered_from_the_rows(t
     assert newest["search"] == {"s": {"name": "3x288-int8", "form": "int8", "speedup": 6.8, "speedup_p10": 6.05}}
     assert newest["command"] == "python -m flows.pipeline --preset budget" and md.read_text() == render(read_log(
         tmp_path / "results.jsonl"))
+
+
+def test_a_benchmarks_console_output_becomes_a_row(tmp_path, capsys):
+    from distillery.results import main
+
+    out = tmp_path / "precision.txt"
+    out.write_text("torch 2.13.0+cpu, 2 threads\n\n(a) distillation step: fp32 2041 ms, bf16 777 ms, 2.63x\n"
+                   "train_speedup: 2.63 kernels_gain: 1.18\n")
+    md = tmp_path / "results.md"
+    assert main(["--output", str(out), "--command", "python -m benchmarks.precision", "--seconds", "106",
+                 "--log", str(md)]) == 0
+    row = read_log(tmp_path / "results.jsonl")[-1]
+    assert row["output"][-1] == "train_speedup: 2.63 kernels_gain: 1.18" and len(row["output"]) == 3
+    assert "```text\ntorch 2.13.0+cpu, 2 threads\n(a) distillation step" in md.read_text()
+    with pytest.raises(SystemExit, match="2"):  # neither a run nor an output: the usage line
+        main(["--command", "x", "--seconds", "1", "--log", str(md)])
+    assert main(["--output", str(tmp_path / "none.txt"), "--command", "x", "--seconds", "1", "--log", str(md)]) == 2
+    assert "no such file" in capsys.readouterr().err
 
 
 def test_the_docs_results_page_is_the_rendering_of_its_log():
