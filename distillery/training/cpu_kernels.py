@@ -33,8 +33,8 @@ from torch import Tensor, nn
 
 #: resolution of the drop probability: one 16-bit draw per element
 LEVELS = 1 << 16
-#: the attention implementation name `used` gives a model (BERT's eager attention with this dropout)
-ATTENTION = "eager_cheap_dropout"
+#: the attention implementation name `used` gives a model (`attention`)
+ATTENTION = "eager_cpu_kernels"
 #: model types whose eager attention is BERT's, so `attention` computes the same thing
 BERT_ATTENTION = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert", "mobilebert"})
 
@@ -46,14 +46,12 @@ def drop_levels(p: float) -> int:
     return round(p * LEVELS)
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu",
-              generator: torch.Generator | None = None) -> Tensor:
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu") -> Tensor:
     """A boolean mask of `shape`, each element True (kept) with probability ``1 - drop_levels(p) / LEVELS``."""
     n = 1
     for s in shape:
         n *= int(s)
-    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(1 << 63), (1 << 63) - 1,
-                                                                             generator=generator)
+    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(1 << 63), (1 << 63) - 1)
     draws = words.view(torch.int16)[:n].view(tuple(shape))
     return draws >= drop_levels(p) - LEVELS // 2  # int16 draws are uniform on [-32768, 32767]
 
@@ -133,29 +131,29 @@ def used(model: nn.Module | None, device: torch.device | str) -> Iterator[None]:
         return
     swapped: list[tuple[nn.Module, str, nn.Module]] = []
     linears: list[nn.Module] = []
-    for module in list(model.modules()):
-        if type(module) is nn.Linear:
-            module.__class__ = Linear  # the same module and parameters, `Linear`'s forward
-            linears.append(module)
-        for name, child in list(module.named_children()):
-            if type(child) is nn.Dropout:
-                replacement = Dropout(child.p, child.inplace)
-                replacement.train(child.training)
-                setattr(module, name, replacement)
-                swapped.append((module, name, child))
     switched: list[tuple[nn.Module, str]] = []
-    seen: set[int] = set()
-    for module in model.modules():  # the outermost model of each config (a Distiller holds its student)
-        config = getattr(module, "config", None)
-        before = getattr(config, "_attn_implementation", None)
-        if not hasattr(module, "set_attn_implementation") or id(config) in seen:
-            continue
-        seen.add(id(config))
-        if getattr(config, "model_type", None) in BERT_ATTENTION and before in ("eager", "sdpa"):
-            _register()
-            module.set_attn_implementation(ATTENTION)
-            switched.append((module, before))
     try:
+        for module in list(model.modules()):
+            if type(module) is nn.Linear:
+                module.__class__ = Linear  # the same module and parameters, `Linear`'s forward
+                linears.append(module)
+            for name, child in list(module.named_children()):
+                if type(child) is nn.Dropout:
+                    replacement = Dropout(child.p, child.inplace)
+                    replacement.train(child.training)
+                    setattr(module, name, replacement)
+                    swapped.append((module, name, child))
+        seen: set[int] = set()
+        for module in model.modules():  # the outermost model of each config (a Distiller holds its student)
+            config = getattr(module, "config", None)
+            before = getattr(config, "_attn_implementation", None)
+            if not hasattr(module, "set_attn_implementation") or id(config) in seen:
+                continue
+            seen.add(id(config))
+            if getattr(config, "model_type", None) in BERT_ATTENTION and before in ("eager", "sdpa"):
+                _register()
+                module.set_attn_implementation(ATTENTION)
+                switched.append((module, before))
         yield
     finally:
         for module, name, original in swapped:
