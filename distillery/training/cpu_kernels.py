@@ -1,10 +1,10 @@
 """Cheaper kernels for a model's training step on a CPU: the dropout mask, the attention, the bias of a bf16 matmul.
 
-Measured in a distillation step of the `local` preset's shapes (3 x 384 student, 6 x 384 teacher, batch 32 x 128;
-`python -m benchmarks.precision` times the step with and without them side by side):
+`python -m benchmarks.precision` times the distillation step with and without them side by side (`kernels_gain`;
+its runs are rows of the results log, docs/results.md):
 
-* **Dropout.** PyTorch's CPU dropout draws one Bernoulli sample per element, as long as a sixth of that step (the
-  attention probabilities alone are 6.3M elements a layer). `dropout` draws its mask from 64-bit words of the same
+* **Dropout.** PyTorch's CPU dropout draws one Bernoulli sample per element, a large share of a BERT step (the
+  attention probabilities are B x H x T x T elements a layer). `dropout` draws its mask from 64-bit words of the same
   generator (`torch.Generator`, seeded by the Trainer as before), each split into four 16-bit draws: an element is
   dropped when its draw falls below ``round(p * 65536)``, so the drop probability is ``p`` to within 2^-17
   (0.1 -> 0.100006), and kept elements are scaled by the inverse of the exact keep probability, so the expectation is
@@ -14,8 +14,8 @@ Measured in a distillation step of the `local` preset's shapes (3 x 384 student,
   and cast back (the probabilities' matmul with the values casts them to bf16 anyway; softmax accumulates in
   float32 inside its kernel).
 * **Bias.** PyTorch's CPU bf16 matmul with a bias (``addmm``) is slower than the same matmul without one followed by
-  the bias added to its output (7.5 vs 5.8 + 0.5 ms at 4096 x 384 x 1536 on a 2-core AMD EPYC): `Linear` does the
-  latter under bf16 autocast (the bias in bf16, as autocast's own ``linear`` casts it), and is ``nn.Linear`` otherwise.
+  the bias added to its output: `Linear` does the latter under bf16 autocast (the bias in bf16, as autocast's own
+  ``linear`` casts it), and is ``nn.Linear`` otherwise.
 
 `used` puts them in a model for its training on a CPU: every ``nn.Dropout`` becomes `Dropout`, every ``nn.Linear`` a
 `Linear` (same parameters), and the attention of the BERT-layout encoders runs `attention`, registered with
