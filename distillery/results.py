@@ -80,11 +80,7 @@ def append_run(md: str | Path, run_dir: str | Path, *, command: str, seconds: fl
         searches[found.parent.name] = {k: winner[k] for k in ("name", "form", "speedup", "speedup_p10") if k in winner}
     if searches:
         row["search"] = searches
-    log = md.with_suffix(".jsonl")
-    rows = read_log(log) + [row]
-    write_text(log, "".join(json.dumps(r) + "\n" for r in rows))
-    write_text(md, render(rows))
-    return row
+    return _append(md, row)
 
 
 def append_output(md: str | Path, output: str | Path, *, command: str, seconds: float) -> dict[str, Any]:
@@ -96,6 +92,11 @@ def append_output(md: str | Path, output: str | Path, *, command: str, seconds: 
         raise ValueError(f"{output}: empty (the benchmark's console output goes there)")
     row = {"date": _dt.date.today().isoformat(), "commit": _commit(Path(__file__).resolve().parent),
            "machine": machine(), "command": command, "wall_s": round(seconds, 1), "output": lines, "tasks": {}}
+    return _append(md, row)
+
+
+def _append(md: Path, row: dict[str, Any]) -> dict[str, Any]:
+    """`row` added to the log beside `md` (results.jsonl), and `md` rendered from all its rows."""
     log = md.with_suffix(".jsonl")
     rows = read_log(log) + [row]
     write_text(log, "".join(json.dumps(r) + "\n" for r in rows))
