@@ -137,6 +137,12 @@ class DataSection(Section):
     group_by_length: bool = False
     max_train_examples: int | None = Field(None, ge=1)  # a seeded random subset of each training split; None: all
     max_eval_examples: int | None = Field(None, ge=1)  # the same for dev (evaluation) splits; test splits stay whole
+    # text without labels that the teacher labels for the distillation steps that read soft targets (fine-tuning and
+    # the direct baseline see the gold rows only): rest (the training rows `max_train_examples` left out) | a file
+    # (CSV, TSV, JSON Lines, Parquet; its text columns only: a task of your own's, else `text` [and `text_pair`]);
+    # None: gold rows only
+    unlabeled: str | None = None
+    max_unlabeled_examples: int | None = Field(None, ge=1)  # at most this many unlabelled rows (rest: seeded order)
     max_length: int = Field(64, ge=8, le=512)  # tokens per encoded example, truncated to it (span tasks: per window)
     demo_train: int = Field(2000, ge=10)  # source demo: examples in the demo task's training split
     demo_dev: int = Field(400, ge=10)  # source demo: examples in its dev split
@@ -196,6 +202,16 @@ class DataSection(Section):
                                  "letter; not a path)")
             if name in TASKS or name in _ALIASES or name in SPAN_TASKS:
                 raise ValueError(f"{name!r} is the name of a registry task; give your own task another name")
+        return v
+
+    @field_validator("unlabeled")
+    @classmethod
+    def _unlabeled_source(cls, v: str | None) -> str | None:
+        from distillery.custom_tasks import FORMATS
+
+        if v is not None and v != "rest" and Path(v).suffix.lower() not in FORMATS:
+            raise ValueError(f"{v!r}: give rest (the training rows max_train_examples leaves out) or a file of text "
+                             f"({', '.join(FORMATS)})")
         return v
 
     @model_validator(mode="after")
@@ -398,7 +414,7 @@ class OrchestrationSection(Section):
 #: the `data` and `evaluation` keys a task may set for itself: how its examples are encoded and timed (a SQuAD task's
 #: 384-token windows beside GLUE's 128 tokens in one run); the rest of those sections is the run's
 TASK_DATA_KEYS = ("max_length", "doc_stride", "max_query_length", "group_by_length", "max_train_examples",
-                  "max_eval_examples")
+                  "max_eval_examples", "unlabeled", "max_unlabeled_examples")
 TASK_EVALUATION_KEYS = ("latency_seq_len",)
 
 

@@ -85,6 +85,7 @@ def check_params(p: Params, path: str = "params.yaml", root: Path | None = None)
         raise ConfigError(f"{path}: augment.mlm: 'teacher' is the pre-training stage's MLM and needs pretrain.enabled; "
                           "give a masked-LM checkpoint (directory or Hub name) instead, or set augment.enabled: false")
     _check_span_windows(p, path)
+    _check_unlabeled(p, path)
     _check_students(p, declared_teacher_dims(p, root), path, root)
     return p
 
@@ -103,6 +104,30 @@ def _check_span_windows(p: Params, path: str) -> None:
         except ValueError as exc:
             where = f"per_task.{task}.data" if task in p.per_task and p.per_task[task].data else "data"
             raise ConfigError(f"{path}: {where}.doc_stride (task {task}): {exc}") from None
+
+
+def _data_key(p: Params, task: str, key: str) -> str:
+    """Where a task's `data` key is set: its own section (`per_task.<task>.data`) or the run's."""
+    own = p.per_task.get(task)
+    return f"per_task.{task}.data.{key}" if own is not None and key in own.data else f"data.{key}"
+
+
+def _check_unlabeled(p: Params, path: str) -> None:
+    """Unlabelled rows (``data.unlabeled``) only where a task can have them: a classification or regression task, and
+    for ``rest`` a training split cut by ``max_train_examples``."""
+    from distillery.task_kinds import is_span
+
+    for task in p.data.tasks:
+        d = p.for_task(task).data
+        if d.unlabeled is None:
+            continue
+        key = _data_key(p, task, "unlabeled")
+        if is_span(task):
+            raise ConfigError(f"{path}: {key}: task {task} is a span task; unlabelled rows are for classification "
+                              "and regression tasks (the teacher's soft targets per row)")
+        if d.unlabeled == "rest" and d.max_train_examples is None:
+            raise ConfigError(f"{path}: {key}: rest is the training rows data.max_train_examples leaves out, and task "
+                              f"{task} reads its whole training split; set max_train_examples, or give a file")
 
 
 def _check_students(p: Params, teacher: Dims | None, path: str, root: Path) -> None:

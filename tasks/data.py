@@ -18,13 +18,28 @@ def _subset(ds, n: int | None, seed: int):
     return ds if n is None or len(ds) <= n else ds.shuffle(seed=seed).select(range(n))
 
 
+def _unlabeled(p: Params, task: str, train):
+    """The task's unlabelled rows (`distillery.unlabeled`): the rest of its training split, or a file's texts."""
+    from distillery import unlabeled
+
+    d = p.data  # the task's own (a stage's params are `Params.for_task`'s)
+    if d.unlabeled == "rest":
+        return unlabeled.rest_rows(train, d.max_train_examples, p.seed, d.max_unlabeled_examples,
+                                   f"data.unlabeled (task {task})")
+    return unlabeled.read_file(resolve(d.unlabeled), task, d.custom.get(task), d.max_unlabeled_examples)
+
+
 def run_prepare_task(p: Params, task: str) -> dict[str, Any]:
+    from distillery import unlabeled
     from distillery.task_kinds import task_kind
 
     dsd = task_kind(task, p.data).load(p.data, paths.ROOT, paths.raw_task(task), p.seed)
     if "train" in dsd:
+        if p.data.unlabeled is not None:
+            dsd[unlabeled.SPLIT] = _unlabeled(p, task, dsd["train"])
         dsd["train"] = _subset(dsd["train"], p.data.max_train_examples, p.seed)
-    for split in [s for s in dsd if s != "train" and not s.endswith("test")]:  # test stays whole: the GLUE server wants every row
+    # test stays whole: the GLUE server wants every row
+    for split in [s for s in dsd if s not in ("train", unlabeled.SPLIT) and not s.endswith("test")]:
         dsd[split] = _subset(dsd[split], p.data.max_eval_examples, p.seed)
     save_task(p, task, dsd)
     return {split: len(ds) for split, ds in dsd.items()}
@@ -111,13 +126,14 @@ def _task_inputs(p: Params, task: str) -> list[Path]:
     if (hub := task_kind(task, p.data).hub_dataset_id(p.data)) is not None:
         local = Path(hub_dataset(hub))
         return [local] if local.is_dir() else []
+    extra = [resolve(p.data.unlabeled)] if p.data.unlabeled not in (None, "rest") else []
     if task in p.data.custom:
         from distillery import custom_tasks
 
-        return custom_tasks.inputs(p.data.custom[task], paths.ROOT)
+        return custom_tasks.inputs(p.data.custom[task], paths.ROOT) + extra
     if p.data.source != "local":
-        return []
-    return [resolve(p.data.squad_file) if task == "squad" else _local_task_dir(p, task)]
+        return extra
+    return [resolve(p.data.squad_file) if task == "squad" else _local_task_dir(p, task)] + extra
 
 
 PREPARE_TASK = Stage(
@@ -126,7 +142,7 @@ PREPARE_TASK = Stage(
     outs=lambda p, t: [paths.task_data(t)],
     params=lambda p, t: {"seed": p.seed, "data": p.data.model_dump(mode="json")},
     code=("distillery/glue", "distillery/squad/data.py", "distillery/squad/metrics.py", "distillery/demo.py",
-          "distillery/custom_tasks.py", "distillery/task_kinds.py", "tasks/data.py"),
+          "distillery/custom_tasks.py", "distillery/task_kinds.py", "distillery/unlabeled.py", "tasks/data.py"),
 )
 PREPARE_CORPUS = Stage(
     "prepare_corpus", run_prepare_corpus,

@@ -135,28 +135,41 @@ def _task_teacher(task: str):
     return teacher, tokenizer, kind.model_kwargs(teacher.config)
 
 
-def _train_set(p: Params, task: str, tokenizer, augmented: bool):
-    """The training set and dev, encoded. Augmented (when asked and augmentation is on): the augmented file (the
-    first `augment.max_examples` training examples and their variants) plus the training examples it left out,
-    so that distillation never sees fewer of the task's examples than fine-tuning does."""
+def _train_set(p: Params, task: str, tokenizer, augmented: bool, unlabeled: bool = False):
+    """The training set and dev, encoded, and the training set's rows of each kind (gold, augmented, unlabelled).
+    Augmented (when asked and augmentation is on): the augmented file (the first `augment.max_examples` training
+    examples and their variants) plus the training examples it left out, so that distillation never sees fewer of the
+    task's examples than fine-tuning does. Unlabeled (when asked): the task's unlabelled rows after them
+    (`distillery.unlabeled`: the teacher labels them; their gold label is the unlabelled marker)."""
     from datasets import DatasetDict, concatenate_datasets
 
     from distillery import glue
+    from distillery.unlabeled import SPLIT
 
     kind = task_kind(task, p.data)
-    data = load_task(task)
+    data = load_task(task, unlabeled=unlabeled)
     splits = {"train": data["train"], "dev": data["dev"]}
     if augmented and p.augment.enabled and kind.augmentable:
         splits["train"] = glue.load_split_file(task, paths.augmented(task))
         covered = p.augment.max_examples or len(data["train"])
         if covered < len(data["train"]):
             splits["rest"] = data["train"].select(range(covered, len(data["train"])))
+    if unlabeled and SPLIT in data:
+        splits[SPLIT] = data[SPLIT]
     encoded = kind.encode(DatasetDict(splits), tokenizer, p.data.max_length)
-    train = encoded["train"]
-    if "rest" in encoded:
-        keep = [c for c in train.column_names if c in encoded["rest"].column_names]
-        train = concatenate_datasets([train.select_columns(keep), encoded["rest"].select_columns(keep)])
-    return train, encoded["dev"]
+    if SPLIT in encoded and "labels" not in encoded[SPLIT].column_names:  # the encoder drops a split's no-labels
+        from distillery.glue.loaders import unlabeled_value
+
+        feature = encoded["train"].features["labels"]
+        marker = [unlabeled_value(kind.spec)] * len(encoded[SPLIT])
+        encoded[SPLIT] = encoded[SPLIT].add_column("labels", marker).cast_column("labels", feature)
+    parts = [encoded[s] for s in ("train", "rest", SPLIT) if s in encoded]
+    keep = [c for c in parts[0].column_names if all(c in part.column_names for part in parts)]
+    train = concatenate_datasets([part.select_columns(keep) for part in parts]) if len(parts) > 1 else parts[0]
+    n_unlabeled = len(encoded[SPLIT]) if SPLIT in encoded else 0
+    rows = {"gold": len(data["train"]), "augmented": len(train) - len(data["train"]) - n_unlabeled,
+            "unlabeled": n_unlabeled}
+    return train, encoded["dev"], rows
 
 
 def _grid(p: Params, task: str, tokenizer, section, dev: Callable[[], Any]):
@@ -181,18 +194,23 @@ def task_context(p: Params, item: str, out: Path, *, general: bool = True):
 
     student, task = split_item(item)
     kind = task_kind(task, p.data)
+    seen: dict[str, int] = {}
     teacher, tokenizer, labels = _task_teacher(task)
-    encoded: dict[bool, tuple] = {}
+    encoded: dict[tuple[bool, bool], tuple] = {}
 
-    def data(augmented: bool):
-        if augmented not in encoded:
-            encoded[augmented] = _train_set(p, task, tokenizer, augmented)
-        return encoded[augmented]
+    def data(augmented: bool, unlabeled: bool = False):
+        key = (augmented, unlabeled and p.data.unlabeled is not None)
+        if key not in encoded:
+            train, dev, rows = _train_set(p, task, tokenizer, *key)
+            encoded[key] = (train, dev)
+            for kind_, n in rows.items():  # what the stage's students saw: the most of each kind any step read
+                seen[kind_] = max(seen.get(kind_, 0), n)
+        return encoded[key]
 
     return TaskContext(student=student, task=task, teacher=teacher, tokenizer=tokenizer, labels=labels, data=data,
                        out=out, sections=p.task_distillation,
                        train_args=lambda s: train_options(s, p.seed, **kind.train_args),
-                       grid=lambda s: _grid(p, task, tokenizer, s, lambda: data(False)[1]),
+                       grid=lambda s: _grid(p, task, tokenizer, s, lambda: data(False)[1]), rows=seen,
                        general=general_student(p, student) if general else None,
                        head=kind.head, pretrained=teacher_source(p))
 
@@ -204,6 +222,11 @@ def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
     grid, curve = recipe_of(p, student).run_task(ctx)
     result = _keep_best(grid, ctx.out)
     result["curve"] = curve or grid.best_dir / "train_log.csv"
+    rows = {f"train_rows_{kind}": n for kind, n in ctx.rows.items()}
+    from distillery.io import write_json
+
+    write_json(ctx.out / "rows.json", rows)  # the training rows of each kind its steps read (the report's)
+    result["metrics"].update(rows)
     return result
 
 

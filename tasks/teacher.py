@@ -145,13 +145,19 @@ def encoding(p: Params, task: str) -> dict[str, Any]:
     return out
 
 
-def load_task(task: str):
-    """The prepared task. Caching is off so that `.map` never writes cache files into a stage's output
-    (that would change its fingerprint, and DVC would see a modified output)."""
+def load_task(task: str, *, unlabeled: bool = False):
+    """The prepared task; its unlabelled rows (`distillery.unlabeled`) only when asked (the distillation steps that
+    read soft targets). Caching is off so that `.map` never writes cache files into a stage's output (that would
+    change its fingerprint, and DVC would see a modified output)."""
     import datasets
 
+    from distillery.unlabeled import SPLIT
+
     datasets.disable_caching()
-    return datasets.load_from_disk(str(paths.task_data(task)))
+    data = datasets.load_from_disk(str(paths.task_data(task)))
+    if not unlabeled and SPLIT in data:
+        del data[SPLIT]
+    return data
 
 
 def run_finetune_teacher(p: Params, task: str) -> dict[str, Any]:

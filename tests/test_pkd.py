@@ -141,7 +141,7 @@ def test_task_stage_end_to_end(tok, tmp_path):
     template = TrainRun(tmp_path, None, tokenizer=tok, compute_metrics=accuracy, main_score="accuracy",
                         args={**FAST, "seed": 0})
     ctx = SimpleNamespace(student="pkd", task="demo", teacher=teacher, tokenizer=tok, labels={"num_labels": 2},
-                          head="sequence-classification", data=lambda augmented: (train, dev), out=tmp_path / "student", sections=sections,
+                          head="sequence-classification", data=lambda augmented, unlabeled=False: (train, dev), out=tmp_path / "student", sections=sections,
                           general=None, pretrained=None, grid=lambda section: (Grid(learning_rates=(3e-3,), batch_sizes=(16,), epochs=3),
                                                               template))
     recipe = PKD(shape={"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64})
@@ -164,7 +164,7 @@ def test_the_extra_step_on_the_augmented_set_follows_patient_distillation(tok, t
     augmented = train.select(range(0, len(train), 2))  # a different set, so the test sees which one was read
     read = []
 
-    def data(aug):
+    def data(aug, unlabeled=False):
         read.append(aug)
         return (augmented if aug else train), dev
 

@@ -398,7 +398,7 @@ def test_minilm_intermediate_step_distils_the_last_layer_on_the_task_before_fine
         return transformers.AutoModelForSequenceClassification.from_pretrained(path)
 
     ctx = SimpleNamespace(teacher=teacher, tokenizer=tok, labels={"num_labels": 2}, head="sequence-classification",
-                          data=lambda augmented: (train, dev), out=tmp_path / "student", sections=sections,
+                          data=lambda augmented, unlabeled=False: (train, dev), out=tmp_path / "student", sections=sections,
                           general=None, pretrained=None, load=load,
                           train_args=lambda section: {**FAST, "logging_steps": 2, "learning_rate": 3e-3,
                                                       "per_device_train_batch_size": 16, "num_train_epochs": 3},
@@ -447,7 +447,7 @@ def test_a_student_cut_from_its_distilled_wide_twin(tok, tmp_path, monkeypatch):
             return super().load(path)
 
     ctx = Recorded(student="s", task="demo", teacher=teacher, tokenizer=tok, labels={"num_labels": 2},
-                   data=lambda augmented: (train, dev), out=tmp_path / "student",
+                   data=lambda augmented, unlabeled=False: (train, dev), out=tmp_path / "student",
                    sections=SimpleNamespace(student_dropout=None, finetune=None), train_args=None,
                    grid=lambda section: (Grid(learning_rates=(3e-3,), batch_sizes=(16,), epochs=3), template))
     narrow = {"layers": 2, "hidden": 16, "heads": 1, "intermediate": 32}
@@ -536,7 +536,7 @@ def test_a_tinybert_cut_goes_through_step_2_again(monkeypatch, tmp_path):
         def load(self, path):
             return f"loaded {path}"
 
-    ctx = Loading(student="s", task="demo", teacher=teacher, tokenizer=None, labels={}, data=lambda a: ([], []),
+    ctx = Loading(student="s", task="demo", teacher=teacher, tokenizer=None, labels={}, data=lambda a, unlabeled=False: ([], []),
                   out=tmp_path, sections=SimpleNamespace(student_dropout=None), train_args=None, grid=None)
     recipe = TinyBertRecipe(shape={"layers": 2, "hidden": 16, "heads": 1, "intermediate": 32},
                             init={"pruned": {"teacher_layers": [1, 3], "source": "student"}})

@@ -112,3 +112,9 @@ def masked_log_softmax(logits: Tensor, real: Tensor) -> Tensor:
     product with a probability that is 0 there stays 0 (no -inf * 0) and no gradient reaches them."""
     logp = F.log_softmax(logits.masked_fill(~real, float("-inf")), dim=-1)
     return torch.where(real, logp, torch.zeros((), dtype=logp.dtype, device=logp.device))
+
+
+def gold_rows(labels: Tensor) -> Tensor:
+    """The rows of a gold-label tensor that carry a label: classes >= 0, scores not NaN (an unlabelled row,
+    `distillery.unlabeled`, has -1 or NaN)."""
+    return labels == labels if labels.is_floating_point() else labels >= 0

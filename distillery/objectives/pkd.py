@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from distillery.objectives._common import masked_log_softmax, real_classes
+from distillery.objectives._common import gold_rows, masked_log_softmax, real_classes
 from distillery.objectives.registry import Batch, register_term
 
 __all__ = ["hard_label_loss", "patient_loss"]
@@ -52,7 +52,13 @@ def hard_label_loss(logits: Tensor, labels: Tensor, mask: Tensor | None = None) 
     """L_CE: cross-entropy with the gold labels (MSE with the gold score for a one-output head). Span logits
     (B, 2, tokens) with (B, 2) gold positions: the mean of the start and the end cross-entropy, as a
     `*ForQuestionAnswering` model's own loss, with ``mask`` (True = a real token, broadcastable to the logits) over
-    the real tokens only (padding out of the softmax)."""
+    the real tokens only (padding out of the softmax). Rows without a gold label (unlabelled text the teacher labels,
+    `distillery.unlabeled`) are left out: the mean over the labelled rows, 0 for a batch of none."""
+    gold = gold_rows(labels)
+    if gold.dim() == 1 and not bool(gold.all()):
+        if not bool(gold.any()):
+            return logits.sum() * 0.0
+        logits, labels = logits[gold], labels[gold]
     if logits.shape[-1] == 1:
         return F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype))
     if mask is not None:

@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._common import TensorOrList, as_pairs, check_heads, masked_log_softmax, per_sequence_mean, real_classes, token_mask
+from ._common import (TensorOrList, as_pairs, check_heads, gold_rows, masked_log_softmax, per_sequence_mean, real_classes,
+                      token_mask)
 from .registry import Batch, LossOptions, ObjectiveConfigError, register_term
 
 #: Additive padding mask value of the official code, and the threshold below which scores are zeroed.
@@ -317,6 +318,8 @@ def regression_prediction_loss(
     r = r.squeeze(-1) if r.dim() > 1 and r.shape[-1] == 1 else r
     if s.shape != r.shape:
         raise ValueError(f"regression_prediction_loss: student {tuple(s.shape)} != {name} {tuple(r.shape)}")
+    if target == "gold" and not bool((keep := gold_rows(r)).all()):  # unlabelled rows (`distillery.unlabeled`)
+        return F.mse_loss(s[keep], r[keep].to(s.dtype)) if bool(keep.any()) else s.sum() * 0.0
     return F.mse_loss(s, r.to(s.dtype))
 
 

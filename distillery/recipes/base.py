@@ -252,8 +252,10 @@ class TaskContext:
     """What the task stage (and the direct baseline) gets from the pipeline.
 
     ``teacher``: the task's fine-tuned teacher; ``labels``: the label settings every student of the task is built
-    with (num_labels, id2label, label2id, problem_type); ``data(augmented)``: (train, dev), encoded; ``general``:
-    the student's general-distillation output (None when it has none); ``sections``: the run's
+    with (num_labels, id2label, label2id, problem_type); ``data(augmented, unlabeled=False)``: (train, dev), encoded
+    (``unlabeled``: the task's unlabelled rows after the others, for a step that reads soft targets; a gold-label loss
+    skips them, `distillery.unlabeled`); ``rows``: the training rows of each kind its steps read; ``general``: the
+    student's general-distillation output (None when it has none); ``sections``: the run's
     ``task_distillation`` params (intermediate, prediction, finetune, student_dropout); ``train_args(section)``: the
     TrainingArguments of a training section; ``grid(section)``: the ``Grid`` and the ``TrainRun`` template (metrics,
     seed, checkpoints) of a grid section. ``head``: the model head of the task ("sequence-classification", or
@@ -264,7 +266,7 @@ class TaskContext:
     teacher: Any
     tokenizer: Any
     labels: Mapping[str, Any]
-    data: Callable[[bool], tuple[Any, Any]]
+    data: Callable[..., tuple[Any, Any]]
     out: Path
     sections: Any
     train_args: Callable[[Any], dict[str, Any]]
@@ -277,6 +279,7 @@ class TaskContext:
     #: where prediction-layer grids cache the teacher's logits (None: each grid's own ``teacher_logits``); one folder
     #: for the grids of one stage that distil from the same teacher (a twin and its cut, `Recipe.run_task`)
     logits_cache: Path | None = None
+    rows: dict[str, int] = field(default_factory=dict)
 
     def load(self, path: Path):
         """A saved student of the task (its head, the task's label settings)."""
@@ -797,7 +800,7 @@ def intermediate_stage(recipe: Recipe, ctx: TaskContext, start: Callable[[], Any
     if (step1 / "config.json").is_file():
         return step1
     model = start()
-    train, _ = ctx.data(augmented)
+    train, _ = ctx.data(augmented, unlabeled=True)
     spec = recipe.layer_wise_spec(num_layers(model), num_layers(ctx.teacher),
                                   projection=recipe.task_projection(ctx, model))
     # (the saved config carries task_distillation.student_dropout, so a reload keeps it)
@@ -822,7 +825,7 @@ def prediction_stage(recipe: Recipe, ctx: TaskContext, student, out: Path, *, au
     from distillery.training.spec import DistillSpec
 
     pr = ctx.sections.prediction
-    train, dev = ctx.data(augmented)
+    train, dev = ctx.data(augmented, unlabeled=True)
     grid, run = ctx.grid(pr)
     if ctx.logits_cache is not None:
         grid = replace(grid, cache_dir=ctx.logits_cache)

@@ -103,7 +103,7 @@ class PKDRecipe(Recipe):
         n_student = self.shape.resolve().layers
         spec = DistillSpec(self.weights, "prediction", self.map_layers(n_student, num_layers(ctx.teacher)),
                            self.loss_options(), teacher_train_mode=self.teacher_train_mode)
-        train, dev = ctx.data(False)
+        train, dev = ctx.data(False, unlabeled=True)  # its soft targets and patient loss read every row
         grid, run = ctx.grid(ctx.sections.finetune)
         grid = replace(grid, cache_teacher_logits=False)
         pkd = prediction_grid(ctx.teacher, start, spec, run.with_(output_dir=ctx.out / "grid", train_dataset=train,
