@@ -222,10 +222,12 @@ def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
     grid, curve = recipe_of(p, student).run_task(ctx)
     result = _keep_best(grid, ctx.out)
     result["curve"] = curve or grid.best_dir / "train_log.csv"
-    rows = {f"train_rows_{kind}": n for kind, n in ctx.rows.items()}
     from distillery.io import write_json
+    from distillery.training.distributed import is_main
 
-    write_json(ctx.out / "rows.json", rows)  # the training rows of each kind its steps read (the report's)
+    rows = {f"train_rows_{kind}": n for kind, n in ctx.rows.items()}  # the most rows of each kind one step read
+    if is_main():
+        write_json(ctx.out / "rows.json", rows)
     result["metrics"].update(rows)
     return result
 

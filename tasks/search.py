@@ -39,8 +39,8 @@ def _brief(ctx, examples: int, seed: int, out: Path):
     """The task context with the first `examples` of its shuffled training set (and its whole dev set)."""
     data = ctx.data
 
-    def subset(augmented: bool):
-        train, dev = data(augmented)
+    def subset(augmented: bool, unlabeled: bool = False):
+        train, dev = data(augmented, unlabeled=unlabeled)
         train = train.shuffle(seed=seed)
         return train.select(range(min(examples, len(train)))), dev
 
