@@ -3,8 +3,8 @@
 The prepared task gets an ``unlabeled`` split beside ``train`` and ``dev``: rows in the GLUE loaders' columns whose
 label is `distillery.glue.loaders.unlabeled_value` (-1 for classes, NaN for a regression score). The teacher labels
 them where a distillation step reads soft targets (its logits, cached by content: `distillery.training.logits_cache`);
-a loss that needs the gold label sees the labelled rows only (`distillery.objectives._common.gold_rows`); fine-tuning and the direct baseline never
-read them.
+a loss that needs the gold label sees the labelled rows only (`distillery.objectives._common.gold_rows`);
+fine-tuning and the direct baseline never read them.
 
 * ``rest``: the training rows that ``data.max_train_examples`` leaves out (the same seeded shuffle that picks the
   subset; they keep their own ``idx``);
@@ -29,9 +29,9 @@ class UnlabeledError(UserError, ValueError):
     """Unlabelled rows that cannot be used; the message names the params key, or the file and line."""
 
 
-def rest_rows(train, n: int | None, seed: int, cap: int | None, key: str = "data.unlabeled"):
-    """The training rows a seeded subset of `n` leaves out (`tasks.data` picks the subset with the same shuffle),
-    labels removed, at most `cap`."""
+def rest_rows(train, task: str, n: int | None, seed: int, cap: int | None, key: str = "data.unlabeled"):
+    """The training rows of `task` that a seeded subset of `n` leaves out (`tasks.data` picks the subset with the
+    same shuffle), labels removed, at most `cap`."""
     if n is None or len(train) <= n:
         raise UnlabeledError(f"{key}: rest: the training split has {len(train)} rows and max_train_examples keeps "
                              f"{n if n is not None else 'all'} of them: no row is left; lower max_train_examples, "
@@ -39,14 +39,11 @@ def rest_rows(train, n: int | None, seed: int, cap: int | None, key: str = "data
     rest = train.shuffle(seed=seed).select(range(n, len(train)))
     if cap is not None:
         rest = rest.select(range(min(cap, len(rest))))
-    return _without_labels(rest)
+    from distillery.glue.loaders import unlabeled_value
+    from distillery.glue.tasks import get_task
 
-
-def _without_labels(ds):
-    from distillery.glue.loaders import UNLABELED
-
-    value = float("nan") if ds.features["label"].dtype.startswith("float") else UNLABELED
-    return ds.map(lambda _: {"label": value}, features=ds.features, load_from_cache_file=False)
+    marker = [unlabeled_value(get_task(task))] * len(rest)
+    return rest.remove_columns("label").add_column("label", marker).cast(rest.features)
 
 
 def read_file(path: Path, task: str, custom: Any | None, cap: int | None):

@@ -24,7 +24,7 @@ def _unlabeled(p: Params, task: str, train):
 
     d = p.data  # the task's own (a stage's params are `Params.for_task`'s)
     if d.unlabeled == "rest":
-        return unlabeled.rest_rows(train, d.max_train_examples, p.seed, d.max_unlabeled_examples,
+        return unlabeled.rest_rows(train, task, d.max_train_examples, p.seed, d.max_unlabeled_examples,
                                    f"data.unlabeled (task {task})")
     return unlabeled.read_file(resolve(d.unlabeled), task, d.custom.get(task), d.max_unlabeled_examples)
 

@@ -31,10 +31,10 @@ def test_rest_is_exactly_what_the_training_subset_leaves_out():
 
     train, _ = _demo_train(50)
     kept = _subset(train, 20, seed=3)
-    rest = rest_rows(train, 20, 3, None)
+    rest = rest_rows(train, "demo", 20, 3, None)
     assert sorted(kept["idx"][:] + rest["idx"][:]) == list(range(50)) and not set(kept["idx"][:]) & set(rest["idx"][:])
     assert set(rest["label"][:]) == {-1} and len(rest) == 30
-    assert rest_rows(train, 20, 3, 7)["idx"][:] == rest["idx"][:7]
+    assert rest_rows(train, "demo", 20, 3, 7)["idx"][:] == rest["idx"][:7]
 
 
 def test_rest_of_a_whole_split_is_refused_naming_the_key():
@@ -42,7 +42,7 @@ def test_rest_of_a_whole_split_is_refused_naming_the_key():
 
     train, _ = _demo_train(10)
     with pytest.raises(UnlabeledError, match=r"data.unlabeled \(task demo\): rest: the training split has 10 rows"):
-        rest_rows(train, 10, 3, None, "data.unlabeled (task demo)")
+        rest_rows(train, "demo", 10, 3, None, "data.unlabeled (task demo)")
 
 
 def test_a_file_gives_its_texts_unlabelled_with_keys_of_their_own(tmp_path):
