@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "distillery.augment.cli",
     "distillery.efficiency.cli",
     "distillery.squad.cli",
+    "distillery.recipes.cli",
 ]
 
 

@@ -44,6 +44,23 @@ class TrainSection(Section):
     # then evaluates at every checkpoint, and keeps the best of those.
     checkpoint_steps: int | None = Field(None, ge=1)
 
+    def train_args(self, seed: int, **extra: Any) -> dict[str, Any]:
+        """The TrainingArguments options of this schedule (its batch size is the global batch of all processes);
+        ``extra`` on top."""
+        from distillery.training.distributed import per_device_batch
+
+        return {"num_train_epochs": self.epochs, "learning_rate": self.learning_rate,
+                "per_device_train_batch_size": per_device_batch(self.batch_size),
+                "per_device_eval_batch_size": max(self.batch_size, 64),
+                "warmup_steps": self.warmup_ratio,  # transformers 5: a float in [0, 1) is a ratio of total steps
+                "weight_decay": self.weight_decay, "max_steps": self.max_steps, "seed": seed, "save_total_limit": 1,
+                "logging_steps": 5, **checkpoint_options(self.checkpoint_steps), **extra}
+
+
+def checkpoint_options(steps: int | None) -> dict[str, Any]:
+    """TrainingArguments options for a resume checkpoint every `steps` optimizer steps (None: the loop's default)."""
+    return {} if steps is None else {"save_strategy": "steps", "save_steps": steps}
+
 
 #: main scores of a task of your own: classification (f1: binary, of the second label) and regression
 CLASSIFICATION_METRICS = ("accuracy", "macro_f1", "f1", "mcc")
@@ -338,6 +355,19 @@ class GridSection(Section):
             raise ValueError("every batch size must be >= 1")
         return v
 
+    def grid(self, cache: bool = True):
+        """The training layer's `Grid` (``cache``: its runs may share the teacher's logits)."""
+        from distillery.training.spec import Grid
+
+        return Grid(learning_rates=tuple(self.learning_rates), batch_sizes=tuple(self.batch_sizes), epochs=self.epochs,
+                    cache_teacher_logits=cache)
+
+    def run_args(self, seed: int, **extra: Any) -> dict[str, Any]:
+        """The TrainingArguments options every run of the grid shares (``extra`` first: the task kind's); each run
+        adds its learning rate, batch size and epochs (`distillery.training.grid`)."""
+        return {**extra, "warmup_steps": self.warmup_ratio, "seed": seed, "per_device_eval_batch_size": 64,
+                "save_total_limit": 1, "logging_steps": 5, **checkpoint_options(self.checkpoint_steps)}
+
 
 class PredictionSection(GridSection):
     """TinyBERT step 2: prediction-layer distillation over the grid."""
@@ -346,6 +376,9 @@ class PredictionSection(GridSection):
     cache_teacher_logits: bool = True  # teacher logits computed once, shared by the grid's runs; false: every batch
     # a regression task (STS-B): MSE to the teacher's prediction, or to the gold score (official)
     regression_target: Literal["teacher", "gold"] = "teacher"
+
+    def grid(self, cache: bool = True):
+        return super().grid(cache and self.cache_teacher_logits)
 
 
 class TaskDistillationSection(Section):

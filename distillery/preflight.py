@@ -17,7 +17,7 @@ import yaml
 from distillery.config import CUSTOM_SPLITS, ConfigError, Params, augment_sections, parse_params
 from distillery.io import hub_offline, resolve_path
 from distillery.models import Dims
-from distillery.recipes import RecipeError
+from distillery.recipes import RecipeError, verify
 
 
 def register_custom_tasks(p: Params, path: str = "params.yaml", root: Path | None = None) -> Params:
@@ -147,7 +147,7 @@ def _check_students(p: Params, teacher: Dims | None, path: str, root: Path) -> N
                               "pretrain.enabled, or a teacher checkpoint saved with one")
         if teacher is not None:
             try:
-                recipe.verify(teacher, key)
+                verify(recipe, teacher, key)
             except RecipeError as exc:
                 raise ConfigError(f"{path}: {exc}") from None
 

@@ -213,3 +213,13 @@ def _slice(key: str, w: Tensor, ch: Tensor, dims: Mapping[int, Tensor], neurons:
     if re.search(r"(_embeddings|classifier|qa_outputs|decoder)\.weight$", key):
         return w[:, ch]
     return w  # a classifier's or decoder's bias, position ids: not over the hidden channels
+
+
+def sample_batches(data, tokenizer, samples: int):
+    """Padded batches of model inputs from the first `samples` rows of `data` (the importance sample)."""
+    from torch.utils.data import DataLoader
+    from transformers import DataCollatorWithPadding
+
+    keep = [c for c in ("input_ids", "attention_mask", "token_type_ids") if c in data.column_names]
+    sample = data.select(range(min(samples, len(data)))).select_columns(keep)
+    return DataLoader(sample, batch_size=32, collate_fn=DataCollatorWithPadding(tokenizer))

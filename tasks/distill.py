@@ -1,24 +1,25 @@
-"""Distillation stages. Each student's recipe (`distillery.recipes`) says what they do; this module prepares their
-context (teacher, tokenizer, datasets, output directory, schedule, seed), asks the recipe, and writes the results:
+"""Distillation stages. Each student's recipe (`distillery.recipes`) says what they do; this module hands the library
+their inputs as paths (the corpus, the teacher, the task's files, the output directory), asks for the stages and the
+plan, and writes the results:
 
 * student stages (per student): one pipeline stage per student-level stage the registered recipes declare
   (`Recipe.STUDENT_STAGES`: its name and the folder of `models/` it writes), run for the students whose recipe adds
   it, in the recipe's order; the task stage starts from the last one's model;
-* `task_distillation` (per student and task): the recipe's task stage (TinyBERT's two steps, BERT-PKD's patient
-  distillation, or fine-tuning over the grid), its best grid run copied to the student's output;
-* `baseline` (per student and task): the same student trained without a teacher.
+* `task_distillation` (per student and task): the recipe's plan (TinyBERT's two steps, BERT-PKD's patient
+  distillation, or fine-tuning over the grid), run by `distillery.training.plan.run_plan`, its best grid run copied to
+  the student's output;
+* `baseline` (per student and task): the same student trained without a teacher (`distillery.recipes.direct_plan`).
 """
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tasks import paths
 from tasks.stage import SkipStage, Stage, skipped, split_item
-from tasks.teacher import (checkpoint_options, encoding, finish, load_task, teacher_gate, teacher_source,
-                           train_options)
+from tasks.teacher import encoding, finish, teacher_gate, teacher_source
 
 from distillery.config import Params
 from distillery.recipes import student_stage_folders
@@ -79,7 +80,9 @@ def recipe_of(p: Params, student: str):
                                      f"has not run: run it first (python -m flows.stage search --item {student}, or "
                                      "--upstream)")
         raise SkipStage(f"{student}: its search skipped: {reason}", f"its search skipped: {reason}")
-    return recipe.with_shape(found["winner"]["shape"])
+    from distillery.recipes import with_shape
+
+    return with_shape(recipe, found["winner"]["shape"])
 
 
 def student_stages(p: Params, student: str) -> dict:
@@ -108,7 +111,7 @@ def _stage_context(p: Params, student: str, stage: str):
     schedule = getattr(p, student_stages(p, student)[stage].schedule)  # a params section: pretrain / general_distillation
     return StageContext(student=student, teacher=teacher_source(p), corpus=paths.corpus(),
                         out=stage_dir(stage, student), schedule=schedule,
-                        args=train_options(schedule, p.seed), seed=p.seed,
+                        args=schedule.train_args(p.seed), seed=p.seed,
                         inputs={s: stage_dir(s, student) / "model" for s in _earlier(p, student, stage)})
 
 
@@ -121,113 +124,50 @@ def run_student_stage(p: Params, student: str, stage: str) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------ the task stage
 
-def _task_teacher(task: str):
-    """(teacher, tokenizer, labels): the fine-tuned teacher of a task, its tokenizer, and the label settings
-    (num_labels, id2label, label2id, problem_type) every student of the task is built with."""
-    from transformers import AutoTokenizer
+def student_plan(p: Params, student: str, *, direct: bool = False):
+    """The student's task-stage plan (its direct baseline's with ``direct``): its recipe's (`distillery.recipes.
+    task_plan`). A budgeted student's before its search is planned at the teacher's width and depth: which data and
+    starts a plan reads does not depend on the shape (its stage keys and DVC deps)."""
+    from distillery.recipes import direct_plan, task_plan, with_shape
 
-    from distillery.models import load_model
-
-    kind = task_kind(task)
-    teacher_dir = paths.teacher(task) / "model"
-    tokenizer = AutoTokenizer.from_pretrained(str(teacher_dir))
-    teacher = load_model(teacher_dir, head=kind.head)
-    return teacher, tokenizer, kind.model_kwargs(teacher.config)
-
-
-def _train_set(p: Params, task: str, tokenizer, augmented: bool, unlabeled: bool = False):
-    """The training set and dev, encoded, and the training set's rows of each kind (gold, augmented, unlabelled).
-    Augmented (when asked and augmentation is on): the augmented file (the first `augment.max_examples` training
-    examples and their variants) plus the training examples it left out, so that distillation never sees fewer of the
-    task's examples than fine-tuning does. Unlabeled (when asked): the task's unlabelled rows after them
-    (`distillery.unlabeled`: the teacher labels them; their gold label is the unlabelled marker)."""
-    from datasets import DatasetDict, concatenate_datasets
-
-    from distillery import glue
-    from distillery.unlabeled import SPLIT
-
-    kind = task_kind(task, p.data)
-    data = load_task(task, unlabeled=unlabeled)
-    splits = {"train": data["train"], "dev": data["dev"]}
-    if augmented and p.augment.enabled and kind.augmentable:
-        splits["train"] = glue.load_split_file(task, paths.augmented(task))
-        covered = p.augment.max_examples or len(data["train"])
-        if covered < len(data["train"]):
-            splits["rest"] = data["train"].select(range(covered, len(data["train"])))
-    if unlabeled and SPLIT in data:
-        splits[SPLIT] = data[SPLIT]
-    encoded = kind.encode(DatasetDict(splits), tokenizer, p.data.max_length)
-    if SPLIT in encoded and "labels" not in encoded[SPLIT].column_names:  # the encoder drops a split's no-labels
-        from distillery.glue.loaders import unlabeled_value
-
-        feature = encoded["train"].features["labels"]
-        marker = [unlabeled_value(kind.spec)] * len(encoded[SPLIT])
-        encoded[SPLIT] = encoded[SPLIT].add_column("labels", marker).cast_column("labels", feature)
-    parts = [encoded[s] for s in ("train", "rest", SPLIT) if s in encoded]
-    keep = [c for c in parts[0].column_names if all(c in part.column_names for part in parts)]
-    train = concatenate_datasets([part.select_columns(keep) for part in parts]) if len(parts) > 1 else parts[0]
-    n_unlabeled = len(encoded[SPLIT]) if SPLIT in encoded else 0
-    rows = {"gold": len(data["train"]), "augmented": len(train) - len(data["train"]) - n_unlabeled,
-            "unlabeled": n_unlabeled}
-    return train, encoded["dev"], rows
+    recipe, dims = p.students[student], teacher_dims(p)
+    if recipe.budget is not None:
+        recipe = with_shape(recipe, {"layers": dims.layers, "hidden": dims.hidden, "heads": dims.heads,
+                                     "intermediate": dims.intermediate})
+    return direct_plan(recipe) if direct else task_plan(recipe, dims, p.task_distillation)
 
 
-def _grid(p: Params, task: str, tokenizer, section, dev: Callable[[], Any]):
-    """A grid section of params as the training layer's `Grid` and a `TrainRun` template (metrics, seed, logging)."""
-    from distillery.config import PredictionSection
-    from distillery.training.spec import Grid, TrainRun
-
-    kind = task_kind(task, p.data)
-    compute, main = kind.training_metrics(lambda: (load_task(task)["dev"], dev()), tokenizer.pad_token_id)
-    cache = section.cache_teacher_logits if isinstance(section, PredictionSection) else True
-    cache = cache and kind.caches_teacher_logits
-    grid = Grid(learning_rates=tuple(section.learning_rates), batch_sizes=tuple(section.batch_sizes),
-                epochs=section.epochs, cache_teacher_logits=cache)
-    args = {**kind.train_args, "warmup_steps": section.warmup_ratio, "seed": p.seed, "per_device_eval_batch_size": 64,
-            "save_total_limit": 1, "logging_steps": 5, **checkpoint_options(section.checkpoint_steps)}
-    return grid, TrainRun(paths.ROOT, None, tokenizer=tokenizer, args=args, compute_metrics=compute, main_score=main)
-
-
-def task_context(p: Params, item: str, out: Path, *, general: bool = True):
-    """The context of a student's task stage (``general``: start from its general student when it has one)."""
-    from distillery.recipes import TaskContext
+def task_files(p: Params, item: str):
+    """What a student's task stage reads, as paths (`distillery.training.task_data.TaskFiles`)."""
+    from distillery.training.task_data import TaskFiles
 
     student, task = split_item(item)
     kind = task_kind(task, p.data)
-    seen: dict[str, int] = {}
-    teacher, tokenizer, labels = _task_teacher(task)
-    encoded: dict[tuple[bool, bool], tuple] = {}
-
-    def data(augmented: bool, unlabeled: bool = False):
-        key = (augmented, unlabeled and p.data.unlabeled is not None)
-        if key not in encoded:
-            train, dev, rows = _train_set(p, task, tokenizer, *key)
-            encoded[key] = (train, dev)
-            for kind_, n in rows.items():  # what the stage's students saw: the most of each kind any step read
-                seen[kind_] = max(seen.get(kind_, 0), n)
-        return encoded[key]
-
-    return TaskContext(student=student, task=task, teacher=teacher, tokenizer=tokenizer, labels=labels, data=data,
-                       out=out, sections=p.task_distillation,
-                       train_args=lambda s: train_options(s, p.seed, **kind.train_args),
-                       grid=lambda s: _grid(p, task, tokenizer, s, lambda: data(False)[1]), rows=seen,
-                       general=general_student(p, student) if general else None,
-                       head=kind.head, pretrained=teacher_source(p))
+    augmented = p.augment.enabled and kind.augmentable
+    return TaskFiles(task=task, kind=kind, prepared=paths.task_data(task), teacher=paths.teacher(task) / "model",
+                     max_length=p.data.max_length, augmented=paths.augmented(task) if augmented else None,
+                     covered=p.augment.max_examples, unlabeled=p.data.unlabeled is not None,
+                     general=general_student(p, student), pretrained=teacher_source(p))
 
 
 def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
+    from distillery.io import write_json
+    from distillery.models import Dims
+    from distillery.recipes import task_plan
+    from distillery.training.distributed import is_main
+    from distillery.training.plan import run_plan
+    from distillery.training.task_data import open_task
+
     student, task = split_item(item)
     teacher_gate(p, task)
-    ctx = task_context(p, item, paths.student(student, task))
-    grid, curve = recipe_of(p, student).run_task(ctx)
-    result = _keep_best(grid, ctx.out)
-    result["curve"] = curve or grid.best_dir / "train_log.csv"
-    from distillery.io import write_json
-    from distillery.training.distributed import is_main
-
-    rows = {f"train_rows_{kind}": n for kind, n in ctx.rows.items()}  # the most rows of each kind one step read
+    out, recipe, opened = paths.student(student, task), recipe_of(p, student), open_task(task_files(p, item), p.seed)
+    plan = task_plan(recipe, Dims.of_config(opened.teacher.config), p.task_distillation)
+    done = run_plan(plan, opened, p.task_distillation, out)
+    result = _keep_best(done.grid, out)
+    result["curve"] = done.curve
+    rows = {f"train_rows_{kind}": n for kind, n in done.rows.items()}  # the most rows of each kind one step read
     if is_main():
-        write_json(ctx.out / "rows.json", rows)
+        write_json(out / "rows.json", rows)
     result["metrics"].update(rows)
     return result
 
@@ -235,9 +175,15 @@ def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
 def run_baseline(p: Params, item: str) -> dict[str, Any]:
     """The student trained without distillation (TinyBERT's BERT-small row): its architecture and initialisation,
     then the fine-tuning grid `task_distillation.finetune` on the gold labels of the task's own training set."""
+    from distillery.recipes import direct_plan
+    from distillery.training.plan import run_plan
+    from distillery.training.task_data import open_task
+
     student, task = split_item(item)
-    ctx = task_context(p, item, paths.baseline(student, task), general=False)
-    return _keep_best(recipe_of(p, student).direct_stage(ctx), ctx.out)
+    out = paths.baseline(student, task)
+    task = open_task(task_files(p, item), p.seed)
+    done = run_plan(direct_plan(recipe_of(p, student)), task, p.task_distillation, out)
+    return _keep_best(done.grid, out)
 
 
 def _keep_best(grid, out: Path) -> dict[str, Any]:
@@ -311,13 +257,13 @@ def task_inputs(p: Params, item: str) -> list[Path]:
     """What a student's task stage reads besides its search: the task's data and teacher, the augmented set when its
     recipe trains on it, its general student or the pre-trained teacher it starts from, its init checkpoint."""
     student, task = split_item(item)
-    recipe = p.students[student]
+    plan = student_plan(p, student)
     deps = [paths.task_data(task), paths.teacher(task) / "model"]
-    if recipe.uses_augmented_data and p.augment.enabled and task_kind(task).augmentable:
+    if plan.augmented and p.augment.enabled and task_kind(task).augmentable:
         deps.append(paths.augmented(task))
     if (start := general_student(p, student)) is not None:
         deps.append(start)
-    elif recipe.starts_from_pretrained_layers:  # its layers come from the pre-trained teacher (`task_student`)
+    elif plan.pretrained:  # its layers come from the pre-trained teacher
         deps += _teacher_source_deps(p)
     return deps + _checkpoint_deps(p, student)
 
@@ -327,10 +273,10 @@ def _task_deps(p: Params, item: str) -> list[Path]:
 
 
 def _baseline_deps(p: Params, item: str) -> list[Path]:
-    """The task's data and teacher; the pre-trained teacher too for a student that starts there (`task_student`)."""
+    """The task's data and teacher; the pre-trained teacher too for a student that starts there."""
     student, task = split_item(item)
     deps = [paths.task_data(task), paths.teacher(task) / "model"]
-    if p.students[student].starts_from_pretrained_layers:
+    if student_plan(p, student, direct=True).pretrained:
         deps += _teacher_source_deps(p)
     return deps + _checkpoint_deps(p, student) + search_deps(p, student)
 

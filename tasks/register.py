@@ -145,6 +145,8 @@ def model_card(p: Params, student: str, task: str, metrics: dict[str, Any]) -> s
     about = _card_task(p, task)
     from tasks.distill import recipe_of
 
+    from distillery.recipes import recipe_options
+
     recipe = recipe_of(p, student)
     teacher = (p.teacher.name_or_path if p.teacher.init == "pretrained"
                else f"a {p.teacher.shape.as_spec()} teacher trained from scratch in this pipeline")
@@ -175,7 +177,7 @@ def model_card(p: Params, student: str, task: str, metrics: dict[str, Any]) -> s
             f"# {student}-{task}\n\n"
             f"A `{recipe.recipe}` student ({recipe.shape.as_spec()}, init {recipe.init.kind}) distilled from {teacher} "
             f"for {about['what']}.\n\n"
-            f"- Recipe: objectives {dict(recipe.weights.weights)}, options {recipe.options()}\n"
+            f"- Recipe: objectives {dict(recipe.weights.weights)}, options {recipe_options(recipe)}\n"
             f"- Data: {data}\n\n"
             f"| metric | value |\n|---|---|\n{table}\n\n"
             "Speed: CPU median latency in ms at batch 1 (`latency_ms_b1`), speedup over the teacher (`speedup_b1`), "

@@ -2,7 +2,7 @@
 deployed form here, on the machine that runs the stage (AutoTinyBERT's constraint in, architecture out,
 with every candidate timed instead of predicted).
 
-1. Every candidate shape the recipe can train (`Recipe.budget_shapes`) is built with random weights in every deployed
+1. Every candidate shape the recipe can train (`distillery.recipes.checks.budget_shapes`) is built with random weights in every deployed
    form and timed beside the fp32 teacher (`distillery.efficiency.budget`); those over the budget are dropped.
 2. ``shapes`` of the shapes that meet it (each in its most faithful form that does; the largest of each depth first,
    `finalists`) are trained with the task stage their recipe gives them, on ``train_examples`` training examples of
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks import paths
-from tasks.distill import TRAINING_CODE, chosen, task_context, task_inputs, teacher_dims
+from tasks.distill import TRAINING_CODE, chosen, task_files, task_inputs, teacher_dims
 from tasks.execute import say
 from tasks.stage import SkipStage, Stage
 from tasks.teacher import encoding, gate_failure, teacher_main
@@ -35,23 +35,14 @@ def budgeted(p: Params) -> list[str]:
     return [s for s, recipe in p.students.items() if recipe.budget is not None]
 
 
-def _brief(ctx, examples: int, seed: int, out: Path):
-    """The task context with the first `examples` of its shuffled training set (and its whole dev set)."""
-    data = ctx.data
-
-    def subset(augmented: bool, unlabeled: bool = False):
-        train, dev = data(augmented, unlabeled=unlabeled)
-        train = train.shuffle(seed=seed)
-        return train.select(range(min(examples, len(train)))), dev
-
-    return dataclasses.replace(ctx, data=subset, out=out)
-
-
 def run_search(p: Params, student: str) -> dict[str, Any]:
     from distillery.efficiency.budget import (Candidate, available_forms, finalists, successive_halving,
                                               time_candidates, within_budget)
     from distillery.io import atomic_dir, write_json
-    from distillery.models import load_model
+    from distillery.models import Dims, load_model
+    from distillery.recipes import budget_shapes, task_plan, with_shape
+    from distillery.training.plan import run_plan
+    from distillery.training.task_data import open_task
     from distillery.report import retention, search_plot
     from distillery.task_kinds import task_kind
 
@@ -62,7 +53,7 @@ def run_search(p: Params, student: str) -> dict[str, Any]:
     recipe, key = p.students[student], f"students.{student}"
     spec = recipe.budget
     budget = spec.budget(p.evaluation.latency_seq_len)
-    shapes = recipe.budget_shapes(teacher_dims(p), key)
+    shapes = budget_shapes(recipe, teacher_dims(p), key)
     from distillery.precision import resolve
 
     # the forms the evaluate stage measures: bf16 only where the run's precision is bf16
@@ -77,15 +68,18 @@ def run_search(p: Params, student: str) -> dict[str, Any]:
     final = finalists(keep, spec.shapes)
     by_name = {t.candidate.shape_name: t for t in final}
     teachers = {task: teacher_main(task) for task in tasks}
-    contexts = {task: task_context(p, f"{student}:{task}", paths.search(student)) for task in tasks}
+    opened = {task: open_task(task_files(p, f"{student}:{task}"), p.seed) for task in tasks}
+    dims = {task: Dims.of_config(opened[task].teacher.config) for task in tasks}
 
     def score(name: str, examples: int) -> float:
-        shaped = recipe.with_shape(by_name[name].candidate.shape)
+        shaped = with_shape(recipe, by_name[name].candidate.shape)
         kept = []
-        for task in tasks:
+        for task in tasks:  # the first `examples` of each shuffled training set (and its whole dev set)
+            brief = dataclasses.replace(opened[task], train_examples=examples, rows={})
             with tempfile.TemporaryDirectory(prefix="distillery-search-") as tmp:
-                grid, _ = shaped.run_task(_brief(contexts[task], examples, p.seed, Path(tmp)))
-                main = grid.best["main"]
+                done = run_plan(task_plan(shaped, dims[task], p.task_distillation), brief, p.task_distillation,
+                                Path(tmp))
+                main = done.grid.best["main"]
             kept.append(retention(main, teachers[task]) if teachers[task] > 0 else main)
         mean = sum(kept) / len(kept)
         say(f"search[{student}]: {name} ({by_name[name].candidate.form}, {by_name[name].ms:.2f} ms) on {examples} "

@@ -12,34 +12,8 @@ from tasks import paths
 from tasks.data import resolve
 from tasks.stage import SkipStage, Stage
 
-from distillery.config import Params, TrainSection
+from distillery.config import Params
 from distillery.errors import UserError
-
-
-def train_options(s: TrainSection, seed: int, **extra: Any) -> dict[str, Any]:
-    """TrainingArguments options from a params section (its batch size is the global batch of all processes)."""
-    from distillery.training.distributed import per_device_batch
-
-    opts = {
-        "num_train_epochs": s.epochs,
-        "learning_rate": s.learning_rate,
-        "per_device_train_batch_size": per_device_batch(s.batch_size),
-        "per_device_eval_batch_size": max(s.batch_size, 64),
-        "warmup_steps": s.warmup_ratio,  # transformers 5: a float in [0, 1) is a ratio of total steps
-        "weight_decay": s.weight_decay,
-        "max_steps": s.max_steps,
-        "seed": seed,
-        "save_total_limit": 1,
-        "logging_steps": 5,
-        **checkpoint_options(s.checkpoint_steps),
-    }
-    opts.update(extra)
-    return opts
-
-
-def checkpoint_options(steps: int | None) -> dict[str, Any]:
-    """TrainingArguments options for a resume checkpoint every `steps` optimizer steps (None: the loop's default)."""
-    return {} if steps is None else {"save_strategy": "steps", "save_steps": steps}
 
 
 def finish(output_dir: Path) -> Path:
@@ -89,7 +63,7 @@ def run_pretrain(p: Params, _: str | None) -> dict[str, Any]:
         tokenizer = AutoTokenizer.from_pretrained(p.teacher.tokenizer and str(resolve(p.teacher.tokenizer)) or source)
         model = source  # AutoModelForMaskedLM: a checkpoint without an MLM head gets a fresh one
     texts = corpus.pack_sequences(corpus.read_sentences(paths.corpus()), tokenizer, p.pretrain.max_length)
-    train_mlm(model, TrainRun(out, texts, tokenizer=tokenizer, args=train_options(p.pretrain, p.seed)),
+    train_mlm(model, TrainRun(out, texts, tokenizer=tokenizer, args=p.pretrain.train_args(p.seed)),
               max_length=p.pretrain.max_length, mlm_probability=p.pretrain.mlm_probability)
     final = finish(out)
     return {"curve": final / "train_log.csv", "metrics": {"sequences": len(texts)}}
@@ -147,17 +121,10 @@ def encoding(p: Params, task: str) -> dict[str, Any]:
 
 def load_task(task: str, *, unlabeled: bool = False):
     """The prepared task; its unlabelled rows (`distillery.unlabeled`) only when asked (the distillation steps that
-    read soft targets). Caching is off so that `.map` never writes cache files into a stage's output (that would
-    change its fingerprint, and DVC would see a modified output)."""
-    import datasets
+    read soft targets)."""
+    from distillery.training.task_data import load_prepared
 
-    from distillery.unlabeled import SPLIT
-
-    datasets.disable_caching()
-    data = datasets.load_from_disk(str(paths.task_data(task)))
-    if not unlabeled and SPLIT in data:
-        del data[SPLIT]
-    return data
+    return load_prepared(paths.task_data(task), unlabeled=unlabeled)
 
 
 def run_finetune_teacher(p: Params, task: str) -> dict[str, Any]:
@@ -179,7 +146,7 @@ def run_finetune_teacher(p: Params, task: str) -> dict[str, Any]:
     out = paths.teacher(task)
     finetune(kind.load_teacher(source), TrainRun(out, data["train"], data["dev"], tokenizer=tokenizer,
                                                  compute_metrics=compute, main_score=main,
-                                                 args=train_options(p.teacher_finetune, p.seed, **kind.train_args)))
+                                                 args=p.teacher_finetune.train_args(p.seed, **kind.train_args)))
     final = finish(out)
     return {"curve": final / "train_log.csv", "metrics_file": final / "metrics.json"}
 

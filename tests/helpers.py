@@ -118,6 +118,29 @@ def finetuned_teacher(tok, out: Path):
     return transformers.AutoModelForSequenceClassification.from_pretrained(path), train, dev
 
 
+def task_sections(lr: float = 3e-3, batch: int = 16, epochs: float = 3, **more):
+    """`task_distillation` params whose every schedule trains at `lr`, `batch` and `epochs` (one grid point)."""
+    from distillery.config import TaskDistillationSection
+
+    grid = {"learning_rates": [lr], "batch_sizes": [batch], "epochs": epochs}
+    return TaskDistillationSection(intermediate={"epochs": epochs, "learning_rate": lr, "batch_size": batch},
+                                   prediction=grid, finetune=grid, **more)
+
+
+def task_of(teacher, tok, train, dev, *, augmented=None, seed: int = 0, **more):
+    """A plan's `Task` over in-memory sets (`distillery.training.task_data`): the gold `train` for every step, or
+    `augmented` for the steps that read the augmented set; dev accuracy selects a grid's best run."""
+    from distillery.training.metrics import accuracy
+    from distillery.training.task_data import Task
+
+    sets = {(False, False): (train, dev, {"gold": len(train or ()), "augmented": 0, "unlabeled": 0})}
+    if augmented is not None:
+        sets[(True, False)] = (augmented, dev, {"gold": len(train), "augmented": len(augmented), "unlabeled": 0})
+    more.setdefault("train_args", dict(FAST))
+    return Task(teacher=teacher, tokenizer=tok, labels={"num_labels": 2}, sets=sets, metrics=(accuracy, "accuracy"),
+                augmented=augmented is not None, seed=seed, **more)
+
+
 # ------------------------------------------------------------------------------------------------ pipeline projects
 
 #: One student per recipe: the end-to-end project (tests/conftest.py::prefect_project), built once per session.

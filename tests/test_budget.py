@@ -184,26 +184,28 @@ def test_a_student_gives_a_shape_or_a_budget_and_the_budget_must_be_searchable()
                              ({"budget": {"speedup": 5, "ffn_ratios": []}}, r"ffn_ratios: List should have at least")):
         with pytest.raises(ConfigError, match=message):
             parse_params({"students": {"s": {"recipe": "tinybert", **student}}}, "params.yaml")
+    from distillery.recipes import budget_shapes, verify, with_shape
+
     tinybert = RECIPES["tinybert"]
     with_attention = tinybert(recipe="tinybert", init="pruned", budget={"speedup": 5})
-    names = {f"{s['layers']}x{s['hidden']}" for s in with_attention.budget_shapes(TEACHER, "students.s")}
+    names = {f"{s['layers']}x{s['hidden']}" for s in budget_shapes(with_attention, TEACHER, "students.s")}
     assert names == {f"{d}x384" for d in range(1, 7)}  # attention_loss compares the teacher's 12 heads
     hidden_only = tinybert(recipe="tinybert", init="pruned", budget={"speedup": 5, "depths": [2, 3]},
                            objectives={"hidden_loss": 1.0, "embedding_loss": 1.0})
-    assert {s["hidden"] for s in hidden_only.budget_shapes(TEACHER, "students.s")} == {384, 288, 192}
+    assert {s["hidden"] for s in budget_shapes(hidden_only, TEACHER, "students.s")} == {384, 288, 192}
     cut_after = tinybert(recipe="tinybert", init={"pruned": {"source": "student"}},
                          budget={"speedup": 5, "depths": [2, 3]})
-    assert {s["hidden"] for s in cut_after.budget_shapes(TEACHER, "students.s")} == {384, 288, 192}  # the twin distils
-    assert hidden_only.with_shape(shape).shape.layers == 2 and hidden_only.with_shape(shape).budget is None
+    assert {s["hidden"] for s in budget_shapes(cut_after, TEACHER, "students.s")} == {384, 288, 192}  # the twin distils
+    assert with_shape(hidden_only, shape).shape.layers == 2 and with_shape(hidden_only, shape).budget is None
     for recipe, init, message in (("tinybert", "random", "after general distillation would run"),
                                   ("tinybert", {"pruned": {"teacher_layers": [1, 3]}}, "give 'auto'"),
                                   ("mobilebert", "random", "after general distillation would run"),
                                   ("tinybert", {"checkpoint": "some/model"}, "a checkpoint fixes the student's shape")):
         with pytest.raises(RecipeError, match=message):
-            RECIPES[recipe](recipe=recipe, init=init, budget={"speedup": 5}).verify(TEACHER, "students.s")
+            verify(RECIPES[recipe](recipe=recipe, init=init, budget={"speedup": 5}), TEACHER, "students.s")
     no_fit = RECIPES["pkd"](recipe="pkd", init="teacher_layers", budget={"speedup": 5, "depths": [1]})
     with pytest.raises(RecipeError, match=r"students.s.budget: none of its \d+ candidate shapes works"):
-        no_fit.verify(TEACHER, "students.s")  # a 1-layer PKD student has no intermediate layer
+        verify(no_fit, TEACHER, "students.s")  # a 1-layer PKD student has no intermediate layer
 
 
 def test_a_margin_keeps_part_of_the_limit_free():

@@ -22,7 +22,7 @@ from distillery.recipes import RECIPES, RecipeError
 from distillery.training.log import read_log
 from distillery.training.spec import Grid, TrainRun
 
-from helpers import FAST, bert_config, finetuned_teacher, tokenizer  # noqa: F401
+from helpers import FAST, bert_config, finetuned_teacher, task_of, task_sections, tokenizer  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models on one intra-op thread (tests/conftest.py)
 
@@ -134,19 +134,16 @@ def test_student_starts_from_the_first_k_teacher_layers(tok):
 
 def test_task_stage_end_to_end(tok, tmp_path):
     """The recipe's task stage on a tiny fine-tuned teacher: every term logged, the student beats chance on dev."""
-    from distillery.training.metrics import accuracy
+    from distillery.recipes import task_plan
+    from distillery.training.plan import run_plan
 
     teacher, train, dev = finetuned_teacher(tok, tmp_path / "teacher")
-    sections = SimpleNamespace(student_dropout=None, finetune=None)
-    template = TrainRun(tmp_path, None, tokenizer=tok, compute_metrics=accuracy, main_score="accuracy",
-                        args={**FAST, "seed": 0})
-    ctx = SimpleNamespace(student="pkd", task="demo", teacher=teacher, tokenizer=tok, labels={"num_labels": 2},
-                          head="sequence-classification", data=lambda augmented, unlabeled=False: (train, dev), out=tmp_path / "student", sections=sections,
-                          general=None, pretrained=None, grid=lambda section: (Grid(learning_rates=(3e-3,), batch_sizes=(16,), epochs=3),
-                                                              template))
     recipe = PKD(shape={"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64})
-    grid, curve = recipe.task_stage(ctx)
-    assert curve is None
+    sections = task_sections()
+    done = run_plan(task_plan(recipe, Dims.of_config(teacher.config), sections), task_of(teacher, tok, train, dev),
+                    sections, tmp_path / "student")
+    grid = done.grid
+    assert done.curve == grid.best_dir / "train_log.csv"
     rows = [r for r in read_log(grid.best_dir / "train_log.csv") if r.get("loss")]
     assert {"train_hard_label_loss", "train_prediction_loss", "train_patient_loss"} <= set(rows[0])
     assert float(rows[-1]["train_patient_loss"]) < float(rows[0]["train_patient_loss"])
@@ -158,33 +155,29 @@ def test_the_extra_step_on_the_augmented_set_follows_patient_distillation(tok, t
     """`task_distillation: augmented`: after the patient grid (gold set, its own T), prediction-layer distillation of
     its best run on the augmented set at the prediction section's temperature; the better of the two on dev is the
     student."""
-    from distillery.training.metrics import accuracy
+    from distillery.recipes import task_plan
+    from distillery.training.plan import run_plan
+    from distillery.training.task_data import Task
 
     teacher, train, dev = finetuned_teacher(tok, tmp_path / "teacher")
     augmented = train.select(range(0, len(train), 2))  # a different set, so the test sees which one was read
-    read = []
+    read, loaded = [], []
 
-    def data(aug, unlabeled=False):
-        read.append(aug)
-        return (augmented if aug else train), dev
+    class Recorded(Task):
+        def data(self, aug, unlabeled=False):
+            read.append(aug)
+            return super().data(aug, unlabeled)
 
-    template = TrainRun(tmp_path, None, tokenizer=tok, compute_metrics=accuracy, main_score="accuracy",
-                        args={**FAST, "seed": 0})
-    grid = Grid(learning_rates=(3e-3,), batch_sizes=(16,), epochs=2)
-    sections = SimpleNamespace(student_dropout=None, finetune=None,
-                               prediction=SimpleNamespace(temperature=1.0, regression_target="teacher"))
-    loaded = []
+        def load(self, path):
+            loaded.append(path)
+            return super().load(path)
 
-    def load(path):
-        loaded.append(path)
-        return transformers.AutoModelForSequenceClassification.from_pretrained(path)
-
-    ctx = SimpleNamespace(student="pkd", task="demo", teacher=teacher, tokenizer=tok, labels={"num_labels": 2},
-                          head="sequence-classification", data=data, out=tmp_path / "student", sections=sections,
-                          general=None, pretrained=None, logits_cache=None, grid=lambda section: (grid, template),
-                          load=load)
+    task = task_of(teacher, tok, train, dev, augmented=augmented)
+    task = Recorded(**{f: getattr(task, f) for f in task.__dataclass_fields__})
+    sections = task_sections(epochs=2)
     recipe = PKD(shape={"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64}, task_distillation="augmented")
-    assert recipe.uses_augmented_data and recipe.loss_options().temperature == recipe.temperature == 10.0
+    plan = task_plan(recipe, Dims.of_config(teacher.config), sections)
+    assert plan.augmented and recipe.loss_options().temperature == recipe.temperature == 10.0
     from distillery.training import grid as grid_module
 
     temperatures, real = [], grid_module.prediction_grid
@@ -193,7 +186,7 @@ def test_the_extra_step_on_the_augmented_set_follows_patient_distillation(tok, t
         temperatures.append(spec.options.temperature)
         return real(teacher, student, spec, run, g)
     monkeypatch.setattr(grid_module, "prediction_grid", spy)
-    best, _ = recipe.task_stage(ctx)
+    best = run_plan(plan, task, sections, tmp_path / "student").grid
     assert temperatures == [10.0, 1.0]  # PKD's own T in its grid, the prediction section's in the extra step
 
     def grid_best(folder):

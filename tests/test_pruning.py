@@ -143,8 +143,14 @@ def test_a_pruned_students_projection_starts_as_the_selection_of_its_channels():
     """TinyBERT's W_h for a student pruned from the teacher starts as the selection of its kept channels (CoFi's
     identity start): kept channel j lands on teacher channel kept[j], the others on zero. Nothing pruned: W_h is
     the identity and the hidden loss starts at 0 (float64); pruned: it starts below a fresh W_h's."""
+    from distillery.models import num_layers
     from distillery.objectives.tinybert import HiddenProjection, hidden_loss
     from distillery.recipes import TinyBertRecipe
+    from distillery.training.plan import kept_channel_projection
+
+    def projection(recipe, student, teacher):  # what task step 1 continues from (`steps.intermediate`)
+        spec = recipe.layer_wise_spec(num_layers(student), num_layers(teacher))
+        return kept_channel_projection(student, teacher, spec)
 
     t = teacher()
     imp = measure_importance(t, batches(), [0, 1, 2])
@@ -162,13 +168,13 @@ def test_a_pruned_students_projection_starts_as_the_selection_of_its_channels():
     recipe = TinyBertRecipe(shape={"layers": 3, "hidden": 16, "heads": 2, "intermediate": 32}, init="pruned",
                             objectives={"attention_loss": 0.0, "hidden_loss": 1.0, "embedding_loss": 1.0})
     same = prune_teacher(t, [0, 1, 2], hidden=32, heads=4, intermediate=64, importance=imp)
-    identity = recipe.pruned_projection(same, t).double()
+    identity = projection(recipe, same, t).double()
     assert torch.equal(identity.layers[0].weight, torch.eye(32, dtype=torch.float64))
     assert start_loss(same, identity) == 0.0
 
     narrow = prune_teacher(t, [0, 1, 2], hidden=16, heads=2, intermediate=32, importance=imp)
     kept = narrow.kept_channels
-    proj = recipe.pruned_projection(narrow, t).double()
+    proj = projection(recipe, narrow, t).double()
     x = torch.randn(2, 5, 16, dtype=torch.float64)
     y = proj(x)
     assert torch.equal(y[..., kept], x)
@@ -176,9 +182,9 @@ def test_a_pruned_students_projection_starts_as_the_selection_of_its_channels():
     torch.manual_seed(0)
     fresh = HiddenProjection(16, 32).double()
     assert start_loss(narrow, proj) < start_loss(narrow, fresh)
-    assert recipe.pruned_projection(t, t) is None  # a student not pruned: a fresh W_h
-    per_layer = TinyBertRecipe(shape={"layers": 3, "hidden": 16, "heads": 2, "intermediate": 32}, init="pruned",
-                               per_layer_projection=True).pruned_projection(narrow, t)
+    assert projection(recipe, t, t) is None  # a student not pruned: a fresh W_h
+    per_layer = projection(TinyBertRecipe(shape={"layers": 3, "hidden": 16, "heads": 2, "intermediate": 32},
+                                          init="pruned", per_layer_projection=True), narrow, t)
     assert per_layer.n_states == 4 and all(torch.equal(m.weight, proj.layers[0].weight.float()) for m in per_layer.layers)
     with pytest.raises(ValueError, match="distinct teacher channels"):
         HiddenProjection.selecting(torch.tensor([0, 0]), 32)

@@ -29,7 +29,7 @@ from distillery.training.spec import TrainRun
 from distillery.training.log import read_log
 from distillery.training.masking import SmoothedMaskingCollator, masking_weights, token_counts
 
-from helpers import FAST, bert_config, encoded, finetuned_teacher, tokenizer  # noqa: F401
+from helpers import FAST, bert_config, encoded, finetuned_teacher, task_of, task_sections, tokenizer  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models on one intra-op thread (tests/conftest.py)
 
@@ -237,7 +237,9 @@ def test_teacher_layers_auto_is_the_recipes_choice_for_layer_and_pruned_inits(to
     shape = {"layers": 3, "hidden": 32, "heads": 2, "intermediate": 64}
     whole = recipe(shape=shape, init="teacher_layers", **options)
     cut = recipe(shape={**shape, "intermediate": 32}, init="pruned", **options)
-    assert whole.teacher_layers(6, 3) == cut.teacher_layers(6, 3) == layers
+    from distillery.recipes.base import teacher_layers
+
+    assert teacher_layers(whole, 6, 3) == teacher_layers(cut, 6, 3) == layers
     student = whole.start_student(teacher, tok, head="base")
     pruned = cut.start_student(teacher, tok, head="base", data=encoded(tok, 8, seed=1))
     for j, i in enumerate(layers):
@@ -307,17 +309,15 @@ def test_masking_follows_the_official_rates(tok):
 
 
 def test_student_dropout_reaches_the_task_stage_students(tok):
-    from types import SimpleNamespace
-
-    from distillery.recipes.base import task_student
+    from distillery.recipes.steps import student_start
+    from distillery.training.plan import start_factory
 
     teacher = transformers.BertForSequenceClassification(bert_config(len(tok), 4))
 
     def start(data):
         p = parse_params(data)
-        ctx = SimpleNamespace(sections=p.task_distillation, general=None, teacher=teacher, tokenizer=tok,
-                              labels={"num_labels": 2}, head="sequence-classification")
-        return p, task_student(p.students["tinybert-demo"], ctx)()
+        task = task_of(teacher, tok, None, None)
+        return p, start_factory(student_start(p.students["tinybert-demo"]), task, {}, p.task_distillation)()
 
     data = demo()
     p, model = start(data)
@@ -337,9 +337,8 @@ def test_the_extra_step_is_kept_only_when_it_is_not_worse_on_dev(monkeypatch, tm
     better on dev (a tie keeps the extra step), so an extra step that hurts on dev (DistilBERT on SST-2: 84.9 -> 83.6)
     no longer replaces the fine-tuned student. `augmented`: the same step on the augmented set (the task stage then
     depends on it), the fine-tuning grid on the gold set."""
-    from types import SimpleNamespace
-
-    from distillery.recipes import base
+    from distillery.recipes import task_plan
+    from distillery.training import plan as plan_module
     from distillery.training.grid import GridResult
 
     def result(folder, main):
@@ -347,21 +346,23 @@ def test_the_extra_step_is_kept_only_when_it_is_not_worse_on_dev(monkeypatch, tm
         return GridResult(best_dir=tmp_path / folder / "model", best=run, results=[run])
 
     started = []
-    monkeypatch.setattr(base, "task_student", lambda recipe, ctx: "start")
-    monkeypatch.setattr(base, "finetune_grid", lambda ctx, student, out: result(out.name, tuned))
 
-    def prediction(recipe, ctx, student, out, augmented=False):
-        started.append((student(), augmented))
-        return result(out.name, distilled)
+    def grid(step, task, sections, start, out, shared_logits):
+        if step.name == "grid-distill":
+            started.append((start(), step.augmented))
+        return result(step.name, distilled if step.name == "grid-distill" else tuned)
 
-    monkeypatch.setattr(base, "prediction_stage", prediction)
-    ctx = SimpleNamespace(out=tmp_path, load=lambda path: path)
-    recipe = parse_params({**demo(), "students": {"d": {**demo()["students"]["distilbert-demo"],
-                                                         "task_distillation": mode}}}).students["d"]
-    assert recipe.uses_augmented_data is (mode == "augmented")
-    grid, curve = recipe.task_stage(ctx)
+    monkeypatch.setattr(plan_module, "_grid", grid)
+    student = {**demo()["students"]["distilbert-demo"], "task_distillation": mode}
+    p = parse_params({**demo(), "students": {"d": student}})
+    recipe = p.students["d"]
+    plan = task_plan(recipe, Dims(4, 128, 4, 512, 500, "bert"), p.task_distillation)
+    assert plan.augmented is (mode == "augmented")
+    task = task_of(None, None, None, None)
+    task.load = lambda path: path
+    done = plan_module.run_plan(plan, task, p.task_distillation, tmp_path)
     assert started == [(tmp_path / "grid" / "model", mode == "augmented")]  # from the best fine-tuned run
-    assert grid.best_dir == tmp_path / kept / "model" and curve is None
+    assert done.grid.best_dir == tmp_path / kept / "model" and done.curve == done.grid.best_dir / "train_log.csv"
 
 
 def test_an_augmented_extra_step_makes_the_task_stage_read_the_augmented_set():
@@ -382,33 +383,29 @@ def test_minilm_intermediate_step_distils_the_last_layer_on_the_task_before_fine
     """`intermediate_step: true` (a CPU-budget option; the paper distils task-agnostically only): eqs. 6-9 from the
     fine-tuned teacher on the task's training set, then fine-tuning starts from that model, not from the init."""
     import json
-    from types import SimpleNamespace
 
-    from distillery.training.metrics import accuracy
-    from distillery.training.spec import Grid
+    from distillery.recipes import task_plan
+    from distillery.training.plan import run_plan
 
     teacher, train, dev = finetuned_teacher(tok, tmp_path / "teacher")
-    template = TrainRun(tmp_path, None, tokenizer=tok, compute_metrics=accuracy, main_score="accuracy",
-                        args={**FAST, "seed": 0})
-    sections = SimpleNamespace(student_dropout=None, finetune=None, intermediate=None)
+    sections = task_sections()
     loaded = []
+    task = task_of(teacher, tok, train, dev, train_args={**FAST, "logging_steps": 2})
+    load = task.load
 
-    def load(path):
+    def recorded(path):
         loaded.append(path)
-        return transformers.AutoModelForSequenceClassification.from_pretrained(path)
+        return load(path)
 
-    ctx = SimpleNamespace(teacher=teacher, tokenizer=tok, labels={"num_labels": 2}, head="sequence-classification",
-                          data=lambda augmented, unlabeled=False: (train, dev), out=tmp_path / "student", sections=sections,
-                          general=None, pretrained=None, load=load,
-                          train_args=lambda section: {**FAST, "logging_steps": 2, "learning_rate": 3e-3,
-                                                      "per_device_train_batch_size": 16, "num_train_epochs": 3},
-                          grid=lambda section: (Grid(learning_rates=(3e-3,), batch_sizes=(16,), epochs=3), template))
+    task.load = recorded
     shape = {"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64}
     with pytest.raises(ValueError, match="intermediate_step"):
         MiniLMRecipe(shape=shape, intermediate_step="sometimes")
     recipe = MiniLMRecipe(shape=shape, init={"teacher_layers": [1, 3]}, general_distillation=False,
                           intermediate_step=True)
-    grid, curve = recipe.task_stage(ctx)
+    plan = task_plan(recipe, Dims.of_config(teacher.config), sections)
+    done = run_plan(plan, task, sections, tmp_path / "student")
+    grid, curve = done.grid, done.curve
     step1 = tmp_path / "student" / "intermediate" / "model"
     assert curve == step1 / "train_log.csv" and loaded == [step1]  # fine-tuning started from step 1's model
     rows = [r for r in read_log(curve) if r.get("loss")]
@@ -416,7 +413,7 @@ def test_minilm_intermediate_step_distils_the_last_layer_on_the_task_before_fine
     assert float(rows[-1]["loss"]) < float(rows[0]["loss"]), rows
     assert json.loads((grid.best_dir / "metrics.json").read_text())["eval_accuracy"] > 0.7
     # an interrupted stage reuses a finished step 1 under the same key
-    recipe.task_stage(ctx)
+    run_plan(plan, task, sections, tmp_path / "student")
     assert loaded == [step1, step1]
 
 
@@ -426,37 +423,32 @@ def test_a_student_cut_from_its_distilled_wide_twin(tok, tmp_path, monkeypatch):
     (its kept slices, ranked on the training inputs) and fine-tunes the cut on the gold labels. Its direct baseline
     starts from the teacher cut in one go. Refused with a general stage or a shape that is not BERT's."""
     import json
-    from dataclasses import dataclass, replace
-    from types import SimpleNamespace
 
-    from distillery.pruning import measure_importance, prune_teacher
-    from distillery.recipes import RecipeError, TaskContext
-    from distillery.recipes.base import sample_batches, task_student
-    from distillery.training.metrics import accuracy
-    from distillery.training.spec import Grid
+    from distillery.pruning import measure_importance, prune_teacher, sample_batches
+    from distillery.recipes import RecipeError, task_plan
+    from distillery.recipes.checks import check_student, wide_student
+    from distillery.recipes.steps import init_start
+    from distillery.training.plan import run_plan, start_factory
 
     teacher, train, dev = finetuned_teacher(tok, tmp_path / "teacher")
-    template = TrainRun(tmp_path, None, tokenizer=tok, compute_metrics=accuracy, main_score="accuracy",
-                        args={**FAST, "seed": 0})
+    sections = task_sections()
     loaded, cuts = [], []
+    task = task_of(teacher, tok, train, dev)
+    load = task.load
 
-    @dataclass(frozen=True)
-    class Recorded(TaskContext):
-        def load(self, path):
-            loaded.append(path)
-            return super().load(path)
+    def recorded(path):
+        loaded.append(path)
+        return load(path)
 
-    ctx = Recorded(student="s", task="demo", teacher=teacher, tokenizer=tok, labels={"num_labels": 2},
-                   data=lambda augmented, unlabeled=False: (train, dev), out=tmp_path / "student",
-                   sections=SimpleNamespace(student_dropout=None, finetune=None), train_args=None,
-                   grid=lambda section: (Grid(learning_rates=(3e-3,), batch_sizes=(16,), epochs=3), template))
+    task.load = recorded
+    dims = Dims.of_config(teacher.config)
     narrow = {"layers": 2, "hidden": 16, "heads": 1, "intermediate": 32}
     recipe = MiniLMRecipe(shape=narrow, init={"pruned": {"teacher_layers": [1, 3], "source": "student",
                                                           "samples": 64}})
-    recipe.check_student(Dims.of_config(teacher.config), "students.s")  # the cut is fine-tuned: 1 head is fine
+    check_student(recipe, dims, "students.s")  # the cut is fine-tuned: 1 head is fine
     with pytest.raises(RecipeError, match="compare heads one by one"):
-        recipe.check(Dims.of_config(teacher.config), "students.s")  # what distilling the cut would need
-    wide = recipe.wide_student(Dims.of_config(teacher.config))
+        recipe.check(dims, "students.s")  # what distilling the cut would need
+    wide = wide_student(recipe, dims)
     assert (wide.init.kind, wide.init.teacher_layers, wide.shape.hidden, wide.shape.intermediate) == (
         "teacher_layers", [1, 3], 32, 64)
 
@@ -468,9 +460,11 @@ def test_a_student_cut_from_its_distilled_wide_twin(tok, tmp_path, monkeypatch):
         return cut
 
     monkeypatch.setattr("distillery.pruning.prune_teacher", spy)
-    grid, curve = recipe.run_task(ctx)
+    done = run_plan(task_plan(recipe, dims, sections), task, sections, tmp_path / "student")
+    grid = done.grid
     wide_dir = tmp_path / "student" / "wide" / "grid"
-    assert curve is None and loaded and all(Path(p).is_relative_to(wide_dir) for p in loaded)
+    assert done.curve == grid.best_dir / "train_log.csv"  # no step of its own: the best run's curve
+    assert loaded and all(Path(p).is_relative_to(wide_dir) for p in loaded)
     (model, cut, kept), = cuts
     assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 2
     imp = measure_importance(model, sample_batches(train, tok, 64), [0, 1])
@@ -482,19 +476,19 @@ def test_a_student_cut_from_its_distilled_wide_twin(tok, tmp_path, monkeypatch):
     best = transformers.AutoModelForSequenceClassification.from_pretrained(grid.best_dir)
     assert (best.config.hidden_size, best.config.intermediate_size) == (16, 32)
     assert json.loads((grid.best_dir / "metrics.json").read_text())["eval_accuracy"] > 0.7
-    direct = task_student(recipe, ctx, general=False)()  # the baseline: the teacher cut in one go
+    direct = start_factory(init_start(recipe), task, {}, sections)()  # the baseline: the teacher cut in one go
     assert direct.config.hidden_size == 16 and not torch.equal(direct.state_dict()[emb], cut[emb])
     full = MiniLMRecipe(shape={**narrow, "hidden": 32, "heads": 2, "intermediate": 64},
                         init={"pruned": {"teacher_layers": [1, 3], "source": "student"}})
     cuts.clear()
-    whole, _ = full.run_task(replace(ctx, out=tmp_path / "full"))  # nothing to cut: the twin is the student
+    whole = run_plan(task_plan(full, dims, sections), task, sections, tmp_path / "full").grid  # nothing to cut
     assert not cuts and not (tmp_path / "full" / "wide").exists() and whole.best_dir.is_relative_to(tmp_path / "full")
     with pytest.raises(RecipeError, match="general_distillation: false"):
-        MiniLMRecipe(shape=narrow, init={"pruned": {"source": "student"}}, general_distillation=True).check_student(
-            Dims.of_config(teacher.config), "students.s")
+        check_student(MiniLMRecipe(shape=narrow, init={"pruned": {"source": "student"}}, general_distillation=True),
+                      dims, "students.s")
     with pytest.raises(RecipeError, match="cuts a bert student"):
-        MiniLMRecipe(shape={**narrow, "arch": "distilbert"}, init={"pruned": {"source": "student"}}).check_student(
-            Dims.of_config(teacher.config), "students.s")
+        check_student(MiniLMRecipe(shape={**narrow, "arch": "distilbert"}, init={"pruned": {"source": "student"}}),
+                      dims, "students.s")
 
 
 def test_a_tinybert_cut_goes_through_step_2_again(monkeypatch, tmp_path):
@@ -502,11 +496,11 @@ def test_a_tinybert_cut_goes_through_step_2_again(monkeypatch, tmp_path):
     the augmented set: CoLA 19.0 MCC over 3 seeds against 16.3 fine-tuned on the gold labels), not by the gold
     fine-tuning grid the other recipes give it; the twin goes through steps 1 and 2 under wide/ first, and both step
     2 grids read one cache of the teacher's logits."""
-    from dataclasses import dataclass
     from types import SimpleNamespace
 
     from distillery import pruning
-    from distillery.recipes import TaskContext, base, tinybert
+    from distillery.recipes import task_plan
+    from distillery.training import plan as plan_module
     from distillery.training.grid import GridResult
 
     def result(out):
@@ -514,40 +508,39 @@ def test_a_tinybert_cut_goes_through_step_2_again(monkeypatch, tmp_path):
         return GridResult(best_dir=out / "lr0.0001-bs32" / "model", best=run, results=[run])
 
     steps = []
-    monkeypatch.setattr(tinybert, "task_student", lambda recipe, ctx: lambda: "teacher layers")
-    monkeypatch.setattr(tinybert, "intermediate_stage",
-                        lambda recipe, ctx, start, augmented: steps.append(("step 1", start(), augmented))
-                        or ctx.out / "intermediate" / "model")
+    monkeypatch.setattr(TinyBertRecipe, "start_student", lambda self, *a, **kw: "teacher layers")
 
-    def prediction(recipe, ctx, start, out, augmented=False):
-        steps.append(("step 2", start(), augmented, out, ctx.logits_cache))
-        return result(out)
+    def step1(step, task, sections, start, out):
+        steps.append(("step 1", start(), step.augmented))
+        return out / "model"
 
-    monkeypatch.setattr(tinybert, "prediction_stage", prediction)
-    monkeypatch.setattr(base, "finetune_grid", lambda *a: pytest.fail("the cut was fine-tuned on gold labels"))
-    monkeypatch.setattr(base, "sample_batches", lambda data, tokenizer, samples: None)
+    def step2(step, task, sections, start, out, shared_logits):
+        steps.append(("step 2", start(), step.augmented, out / step.name, out / shared_logits))
+        return result(out / step.name)
+
+    monkeypatch.setattr(plan_module, "_one_run", step1)
+    monkeypatch.setattr(plan_module, "_grid", step2)
+    monkeypatch.setattr(pruning, "sample_batches", lambda data, tokenizer, samples: None)
     monkeypatch.setattr(pruning, "measure_importance", lambda model, batches, layers: None)
     monkeypatch.setattr(pruning, "prune_teacher", lambda model, layers, **shape: ("cut", model, shape["hidden"]))
-    teacher = SimpleNamespace(config=transformers.BertConfig(num_hidden_layers=4, hidden_size=32,
-                                                             num_attention_heads=2, intermediate_size=64))
-
-    @dataclass(frozen=True)
-    class Loading(TaskContext):
-        def load(self, path):
-            return f"loaded {path}"
-
-    ctx = Loading(student="s", task="demo", teacher=teacher, tokenizer=None, labels={}, data=lambda a, unlabeled=False: ([], []),
-                  out=tmp_path, sections=SimpleNamespace(student_dropout=None), train_args=None, grid=None)
+    config = transformers.BertConfig(num_hidden_layers=4, hidden_size=32, num_attention_heads=2, intermediate_size=64)
+    task = task_of(SimpleNamespace(config=config), None, [], [], augmented=[])
+    task.load = lambda path: f"loaded {path}"
     recipe = TinyBertRecipe(shape={"layers": 2, "hidden": 16, "heads": 1, "intermediate": 32},
                             init={"pruned": {"teacher_layers": [1, 3], "source": "student"}})
-    grid, curve = recipe.run_task(ctx)
+    sections = task_sections()
+    plan = task_plan(recipe, Dims.of_config(config), sections)
+    assert [s.name for s in plan.steps] == ["wide/intermediate", "wide/grid", "grid"]
+    assert [s.schedule for s in plan.steps] == ["intermediate", "prediction", "prediction"]  # never `finetune`
+    done = plan_module.run_plan(plan, task, sections, tmp_path)
     wide = tmp_path / "wide"
     twin_best = wide / "grid" / "lr0.0001-bs32" / "model"
     cache = tmp_path / "teacher_logits"  # one cache of the teacher's logits for both: the same teacher and inputs
     assert steps == [("step 1", "teacher layers", True),
                      ("step 2", f"loaded {wide / 'intermediate' / 'model'}", True, wide / "grid", cache),
                      ("step 2", ("cut", f"loaded {twin_best}", 16), True, tmp_path / "grid", cache)]
-    assert grid.best_dir == tmp_path / "grid" / "lr0.0001-bs32" / "model" and curve is None
+    assert done.grid.best_dir == tmp_path / "grid" / "lr0.0001-bs32" / "model"
+    assert done.curve == done.grid.best_dir / "train_log.csv"
 
 
 def test_layers_from_says_where_a_student_without_a_general_stage_starts(tok, tmp_path):
@@ -556,19 +549,16 @@ def test_layers_from_says_where_a_student_without_a_general_stage_starts(tok, tm
     the fine-tuned teacher's with `finetuned` (by default, as in the official code, BERT_k from pre-trained BERT's first
     k layers, with a fresh classifier); its direct baseline starts at the same place. Refused where it cannot hold:
     with general distillation (which starts from the pre-trained layers) or an init that takes no teacher layers."""
-    from types import SimpleNamespace
-
-    from distillery.recipes import TaskContext
-    from distillery.recipes.base import task_student
     from distillery.recipes.pkd import PKDRecipe as PKD
+    from distillery.recipes.steps import init_start, starts_from_pretrained_layers, student_start
+    from distillery.training.plan import start_factory
 
     torch.manual_seed(0)
     pretrained = transformers.BertForMaskedLM(bert_config(tok.vocab_size, 4))
     pretrained.save_pretrained(tmp_path / "mlm")
     finetuned = transformers.BertForSequenceClassification(bert_config(tok.vocab_size, 4, num_labels=2))
-    ctx = TaskContext(student="s", task="demo", teacher=finetuned, tokenizer=tok, labels={"num_labels": 2},
-                      data=None, out=tmp_path, sections=SimpleNamespace(student_dropout=None), train_args=None,
-                      grid=None, pretrained=str(tmp_path / "mlm"))
+    task = task_of(finetuned, tok, None, None, pretrained=str(tmp_path / "mlm"))
+    sections = task_sections()
     bert = {"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64}
     cases = [(DistilBertRecipe, {"shape": {**bert, "arch": "distilbert"}, "init": {"teacher_layers": [1, 3]},
                                  "general_distillation": False}, lambda m, j: m.distilbert.transformer.layer[j].ffn.lin2),
@@ -577,11 +567,12 @@ def test_layers_from_says_where_a_student_without_a_general_stage_starts(tok, tm
         for layers_from in (None, "pretrained", "finetuned"):  # None: the recipe's default
             recipe = cls(**fields, **({"layers_from": layers_from} if layers_from else {}))
             from_pretrained = layers_from == "pretrained" or (layers_from is None and cls is PKD)
-            assert recipe.starts_from_pretrained_layers == from_pretrained
+            assert starts_from_pretrained_layers(recipe) == from_pretrained
             source, other = (pretrained.bert, finetuned.bert) if from_pretrained else (finetuned.bert, pretrained.bert)
             taken = [1, 3] if cls is DistilBertRecipe else [0, 1]  # BERT-PKD: the first k
             for general in (True, False):  # the student's start, and its direct baseline's
-                student = task_student(recipe, ctx, general=general)()
+                start = student_start(recipe) if general else init_start(recipe)
+                student = start_factory(start, task, {}, sections)()
                 for j, t in enumerate(taken):
                     weight = student_layer(student, j).weight
                     assert torch.equal(weight, source.encoder.layer[t].output.dense.weight), (cls, layers_from)

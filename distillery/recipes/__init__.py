@@ -18,20 +18,25 @@ import importlib
 import pkgutil
 
 from distillery.recipes.base import (
+    CheckpointMismatchError,
+    Recipe,
+    StageContext,
+    StudentStage,
+    recipe_options,
+)
+from distillery.recipes.checks import budget_shapes, verify
+from distillery.recipes.schema import (
     INIT_KINDS,
     CheckpointInit,
-    CheckpointMismatchError,
     RandomInit,
-    Recipe,
     RecipeError,
     Section,
     Shape,
-    StageContext,
-    StudentStage,
-    TaskContext,
     TeacherLayersInit,
     official_teacher_layers,
+    with_shape,
 )
+from distillery.recipes.steps import direct_plan, task_plan
 from distillery.recipes.distilbert import DistilBertRecipe
 from distillery.recipes.minilm import MiniLMRecipe
 from distillery.recipes.mobilebert import IBTeacher, MobileBertRecipe
@@ -39,7 +44,7 @@ from distillery.recipes.registry import RECIPES, recipe_from_yaml, student_recip
 from distillery.recipes.tinybert import TinyBertRecipe
 
 for _module in pkgutil.iter_modules(__path__):  # each recipe module registers its recipe class when imported
-    if _module.name not in ("base", "registry"):
+    if _module.name not in ("base", "registry", "schema", "checks", "steps", "cli"):
         importlib.import_module(f"{__name__}.{_module.name}")
 
 #: The params type of ``students.<name>``: every registered recipe, by its ``recipe`` tag.
@@ -49,6 +54,7 @@ RECIPE_NAMES = tuple(RECIPES)
 __all__ = [
     "CheckpointInit", "CheckpointMismatchError", "DistilBertRecipe", "IBTeacher", "INIT_KINDS", "MiniLMRecipe",
     "MobileBertRecipe", "RECIPES", "RECIPE_NAMES", "RandomInit", "Recipe", "RecipeError", "Section", "Shape",
-    "StageContext", "StudentRecipe", "StudentStage", "TaskContext", "TeacherLayersInit", "TinyBertRecipe",
-    "official_teacher_layers", "recipe_from_yaml", "student_stage_folders",
+    "StageContext", "StudentRecipe", "StudentStage", "TeacherLayersInit", "TinyBertRecipe", "budget_shapes",
+    "direct_plan", "official_teacher_layers", "recipe_from_yaml", "recipe_options", "student_stage_folders", "task_plan",
+    "verify", "with_shape",
 ]

@@ -18,15 +18,10 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field
 
 from distillery.models import Dims
-from distillery.recipes.base import (
-    Init,
-    Recipe,
-    RecipeError,
-    StageContext,
-    TeacherLayersInit,
-    corpus_dataset,
-)
+from distillery.recipes.base import Recipe, RecipeError, StageContext, corpus_dataset
+from distillery.recipes.checks import student_dims
 from distillery.recipes.registry import register_recipe
+from distillery.recipes.schema import InitField, TeacherLayersInit
 
 
 @register_recipe
@@ -34,7 +29,7 @@ class DistilBertRecipe(Recipe):
     """DistilBERT: init from teacher layers, 5 L_ce + 2 L_mlm + 1 L_cos, fine-tuning."""
 
     recipe: Literal["distilbert"] = "distilbert"
-    init: Annotated[Init, Field(default_factory=TeacherLayersInit)]
+    init: Annotated[InitField, Field(default_factory=TeacherLayersInit)]
     temperature: float = Field(2.0, gt=0)  # softmax temperature T of the soft-target loss L_ce
     mlm_probability: float = Field(0.15, gt=0, lt=1)  # share of tokens masked for L_mlm (80/10/10)
     mask_smoothing: float = Field(0.7, ge=0)      # masking probability ~ count^-0.7 (official); 0 = uniform
@@ -45,6 +40,7 @@ class DistilBertRecipe(Recipe):
 
     OBJECTIVES: ClassVar[dict[str, float]] = {"soft_target_loss": 5.0, "mlm_loss": 2.0, "cosine_loss": 1.0}
     LEVEL: ClassVar[str] = "pretraining"
+    OPTIONS: ClassVar[tuple[str, ...]] = ("teacher_train_mode", "temperature")
 
     @property
     def runs_general(self) -> bool:
@@ -55,9 +51,6 @@ class DistilBertRecipe(Recipe):
     @property
     def needs_mlm_teacher(self) -> bool:
         return self.runs_general
-
-    def options(self) -> dict[str, Any]:
-        return {**super().options(), "temperature": self.temperature}
 
     def loss_options(self):
         from distillery.objectives.registry import LossOptions
@@ -71,7 +64,7 @@ class DistilBertRecipe(Recipe):
 
     def check(self, teacher: Dims, key: str) -> None:
         super().check(teacher, key)
-        s = self.student_dims(teacher, key)
+        s = student_dims(self, teacher, key)
         if "cosine_loss" in self.weights.active() and s.hidden != teacher.hidden:
             raise RecipeError(f"{key}.shape: cosine_loss needs the teacher's hidden size {teacher.hidden}, the student "
                               f"has {s.hidden}")

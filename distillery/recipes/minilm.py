@@ -21,9 +21,10 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from distillery.models import Dims
-from distillery.recipes.base import (Recipe, RecipeError, StageContext, StudentStage, TaskContext, intermediate_stage,
-                                     task_student)
+from distillery.recipes.base import Recipe, RecipeError, StageContext, StudentStage
+from distillery.recipes.checks import student_dims
 from distillery.recipes.registry import register_recipe
+from distillery.recipes.steps import after, extra, finetune, intermediate, student_start
 
 
 @register_recipe
@@ -39,9 +40,7 @@ class MiniLMRecipe(Recipe):
 
     OBJECTIVES: ClassVar[dict[str, float]] = {"attention_kl": 1.0, "value_relation_kl": 1.0, "relation_kl": 0.0}
     STUDENT_STAGES: ClassVar[dict[str, str]] = {"teacher_assistant": "assistant", "general_distillation": "general"}
-
-    def options(self) -> dict[str, Any]:
-        return {**super().options(), "n_relation_heads": self.relation_heads}
+    OPTIONS: ClassVar[tuple[str, ...]] = ("teacher_train_mode", "relation_heads")
 
     def loss_options(self):
         from distillery.objectives.registry import LossOptions
@@ -58,14 +57,14 @@ class MiniLMRecipe(Recipe):
         the student's heads and FFN size; None when no assistant is used."""
         if not self.runs_general or self.teacher_assistant == "off":
             return None
-        s = self.student_dims(teacher, key)
+        s = student_dims(self, teacher, key)
         if self.teacher_assistant == "auto" and not (2 * s.layers <= teacher.layers and 2 * s.hidden <= teacher.hidden):
             return None
         return Dims(teacher.layers, s.hidden, s.heads, s.intermediate, teacher.vocab, "bert")
 
     def check(self, teacher: Dims, key: str) -> None:
         super().check(teacher, key)
-        s = self.student_dims(teacher, key)
+        s = student_dims(self, teacher, key)
         ta = self.assistant_dims(teacher, key)
         names = set(self.weights.active())
         pairs = [("teacher", teacher, s)] if ta is None else [("teacher", teacher, ta), ("teacher assistant", ta, s)]
@@ -86,16 +85,15 @@ class MiniLMRecipe(Recipe):
         first = {"teacher_assistant": StudentStage(self.assistant_stage)} if self.assistant_dims(teacher) else {}
         return {**first, **super().stages(teacher)}
 
-    def task_stage(self, ctx: TaskContext):
-        """Fine-tuning (and the extra step, `Recipe.fine_tune`), after step 1 when ``intermediate_step``."""
+    def plan(self, teacher: Dims, sections):
+        """Fine-tuning (and the extra step), after step 1 (the last-layer objectives on the task) when
+        ``intermediate_step``."""
         if not self.intermediate_step:
-            return super().task_stage(ctx)
-        step1 = intermediate_stage(self, ctx, task_student(self, ctx))
-        return self.fine_tune(ctx, lambda: ctx.load(step1)), step1 / "train_log.csv"
+            return super().plan(teacher, sections)
+        from distillery.training.plan import Plan
 
-    def general_teacher(self, ctx: StageContext):
-        """Sec. 3.3: with an assistant, the student is distilled from it instead of the teacher."""
-        return ctx.inputs.get("teacher_assistant", ctx.teacher)
+        return Plan((intermediate(self, student_start(self), teacher), finetune(after("intermediate")),
+                     *extra(self, sections)), curve="intermediate")
 
     def assistant_stage(self, ctx: StageContext) -> dict[str, Any]:
         """The teacher assistant: an L-layer, d'-wide model distilled from the teacher with the student's

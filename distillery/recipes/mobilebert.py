@@ -21,8 +21,10 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from distillery.models import Dims
-from distillery.recipes.base import Recipe, RecipeError, Section, Shape, StageContext, StudentStage, corpus_dataset
+from distillery.recipes.base import Recipe, RecipeError, StageContext, StudentStage, corpus_dataset
+from distillery.recipes.checks import student_dims
 from distillery.recipes.registry import register_recipe
+from distillery.recipes.schema import Section, Shape
 
 #: Corpus sequences on which the teachers' MLM losses are compared (same masks for every model).
 MLM_EVAL_SEQUENCES = 256
@@ -72,6 +74,7 @@ class MobileBertRecipe(Recipe):
     ANY_DEPTH: ClassVar[bool] = True  # the IB teacher's depth, not the pipeline teacher's
     STUDENT_STAGES: ClassVar[dict[str, str]] = {"ib_teacher": "ib-teacher", "knowledge_transfer": "transfer",
                                                 "general_distillation": "general"}
+    OPTIONS: ClassVar[tuple[str, ...]] = ("teacher_train_mode", "feature_map_normalized")
 
     @property
     def needs_mlm_teacher(self) -> bool:
@@ -81,9 +84,6 @@ class MobileBertRecipe(Recipe):
     def runs_transfer(self) -> bool:
         """Whether a separate knowledge-transfer stage runs before pre-training distillation."""
         return self.runs_general and self.transfer != "auxiliary"
-
-    def options(self) -> dict[str, Any]:
-        return {**super().options(), "feature_map_normalized": self.feature_map_normalized}
 
     def loss_options(self):
         from distillery.objectives.registry import LossOptions
@@ -98,7 +98,7 @@ class MobileBertRecipe(Recipe):
 
     def check(self, teacher: Dims, key: str) -> None:
         super().check(teacher, key)
-        s = self.student_dims(teacher, key)
+        s = student_dims(self, teacher, key)
         if s.arch != "mobilebert":
             raise RecipeError(f"{key}.shape: the mobilebert recipe needs a mobilebert shape (a bottleneck student), "
                               f"got {s.arch}")
@@ -137,18 +137,6 @@ class MobileBertRecipe(Recipe):
         if missing:
             raise RecipeError(f"{key}.init: pruned cuts a MobileBERT student from the converted teacher and needs: "
                               + "; ".join(missing))
-
-    def pruned_student(self, teacher, batches, *, head: str, num_labels: int):
-        """``init: pruned``: the student cut from the teacher converted to an IB teacher (`distillery.ib_teacher`,
-        `distillery.ib_pruning`), importance measured on `batches`."""
-        from distillery.ib_pruning import measure_block_importance, prune_ib_teacher
-        from distillery.ib_teacher import convert_bert
-        from distillery.models import build_student
-
-        shape = self.shape.resolve()
-        ib = convert_bert(teacher, shape)
-        student = build_student(shape, teacher.config.vocab_size, head=head, base=ib.config, num_labels=num_labels)
-        return prune_ib_teacher(ib, student, measure_block_importance(ib, batches))
 
     def _transfer_start(self, ctx: StageContext, teacher, tokenizer, train):
         """The student the transfer (or eq. 4) starts from: cut from the pre-trained teacher (``pruned``, ranked on the

@@ -19,13 +19,16 @@ constant, so only the T^2 scale differs: raise alpha to match).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
 from distillery.models import Dims
-from distillery.recipes.base import Init, Recipe, RecipeError, TaskContext, TeacherLayersInit, task_student
+from distillery.recipes.base import Recipe, RecipeError
+from distillery.recipes.checks import student_dims
 from distillery.recipes.registry import register_recipe
+from distillery.recipes.schema import InitField, TeacherLayersInit
+from distillery.recipes.steps import extra, student_start
 
 
 @register_recipe
@@ -33,7 +36,7 @@ class PKDRecipe(Recipe):
     """BERT-PKD: first k teacher layers, then soft targets + gold labels + the patient loss on the task."""
 
     recipe: Literal["pkd"] = "pkd"
-    init: Annotated[Init, Field(default_factory=lambda: TeacherLayersInit(teacher_layers="auto"))]
+    init: Annotated[InitField, Field(default_factory=lambda: TeacherLayersInit(teacher_layers="auto"))]
     # the patient loss's teacher layers: skip (PKD-Skip: every N/k-th) | last (PKD-Last: the k-1 below the top)
     strategy: Literal["skip", "last"] = "skip"
     alpha: float = Field(0.5, ge=0, le=1)  # weight of the soft targets L_DS; the gold labels' L_CE gets 1 - alpha
@@ -44,6 +47,9 @@ class PKDRecipe(Recipe):
 
     OBJECTIVES: ClassVar[dict[str, float]] = {"hard_label_loss": 0.5, "prediction_loss": 0.5, "patient_loss": 100.0}
     LAYERS_FROM_PRETRAINED: ClassVar[bool] = True
+    TASK_DISTILLS: ClassVar[bool] = True
+    TEACHER_LAYERS: ClassVar[str] = "first"  # ``teacher_layers: auto``: the first k layers (the paper)
+    OPTIONS: ClassVar[tuple[str, ...]] = ("teacher_train_mode", "strategy", "temperature", "patient_reduction")
 
     @property
     def weights(self):
@@ -54,14 +60,6 @@ class PKDRecipe(Recipe):
             return ObjectiveWeights(self.objectives)
         return ObjectiveWeights({"hard_label_loss": 1 - self.alpha, "prediction_loss": self.alpha,
                                  "patient_loss": self.beta})
-
-    @property
-    def task_distills(self) -> bool:
-        return True
-
-    def options(self) -> dict[str, Any]:
-        return {**super().options(), "strategy": self.strategy, "temperature": self.temperature,
-                "patient_reduction": self.patient_reduction}
 
     def loss_options(self):
         from distillery.objectives.registry import LossOptions
@@ -78,34 +76,22 @@ class PKDRecipe(Recipe):
 
     def check(self, teacher: Dims, key: str) -> None:
         super().check(teacher, key)
-        s = self.student_dims(teacher, key)
+        s = student_dims(self, teacher, key)
         if s.hidden != teacher.hidden:
             raise RecipeError(f"{key}.shape: patient_loss compares [CLS] states of equal width: the teacher's hidden "
                               f"size is {teacher.hidden}, the student's {s.hidden}")
         if s.layers < 2 and "patient_loss" in self.weights.active():
             raise RecipeError(f"{key}.shape: a 1-layer student has no intermediate layer for patient_loss")
 
-    def auto_teacher_layers(self, n_teacher: int, n_student: int) -> list[int]:
-        """``teacher_layers: auto`` means the first k layers here (the paper), not DistilBERT's spread."""
-        return list(range(n_student))
-
-    def task_stage(self, ctx: TaskContext):
-        """Patient distillation over the fine-tuning grid; the teacher runs on every batch (its hidden states). With
-        ``task_distillation`` the extra step follows (``augmented``: TinyBERT's augmented set, which the paper's
-        gold-label term cannot use: prediction-layer distillation only, a CPU-budget option of this project)."""
-        from dataclasses import replace
-
-        from distillery.models import num_layers
-        from distillery.training.grid import prediction_grid
+    def plan(self, teacher: Dims, sections):
+        """Patient distillation over the fine-tuning grid, on the gold and unlabelled rows (its soft targets and
+        patient loss read every row; the gold-label term skips unlabelled ones); the teacher runs on every batch (its
+        hidden states). With ``task_distillation`` the extra step follows (``augmented``: TinyBERT's augmented set,
+        which the paper's gold-label term cannot use: prediction-layer distillation only, a CPU-budget option)."""
+        from distillery.training.plan import Plan, Step
         from distillery.training.spec import DistillSpec
 
-        start = task_student(self, ctx)
-        n_student = self.shape.resolve().layers
-        spec = DistillSpec(self.weights, "prediction", self.map_layers(n_student, num_layers(ctx.teacher)),
+        spec = DistillSpec(self.weights, "prediction", self.map_layers(self.shape.resolve().layers, teacher.layers),
                            self.loss_options(), teacher_train_mode=self.teacher_train_mode)
-        train, dev = ctx.data(False, unlabeled=True)  # its soft targets and patient loss read every row
-        grid, run = ctx.grid(ctx.sections.finetune)
-        grid = replace(grid, cache_teacher_logits=False)
-        pkd = prediction_grid(ctx.teacher, start, spec, run.with_(output_dir=ctx.out / "grid", train_dataset=train,
-                                                                  eval_dataset=dev), grid)
-        return self.extra_step(ctx, pkd), None
+        return Plan((Step("grid", student_start(self), "finetune", spec, unlabeled=True, cache_logits=False),
+                     *extra(self, sections)))

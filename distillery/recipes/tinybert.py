@@ -13,12 +13,13 @@ Ablations (Tables 2-3): ``augmentation: false`` (w/o DA), ``intermediate_step: f
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from distillery.models import Dims
-from distillery.recipes.base import (Recipe, RecipeError, TaskContext, intermediate_stage, prediction_stage,
-                                     task_student)
+from distillery.recipes.base import Recipe, RecipeError
+from distillery.recipes.checks import student_dims
 from distillery.recipes.registry import register_recipe
+from distillery.recipes.steps import after, intermediate, predict, student_start
 
 
 @register_recipe
@@ -38,18 +39,15 @@ class TinyBertRecipe(Recipe):
     intermediate_step: bool = True  # task-distillation step 1 (intermediate layers); off: step 2 (prediction) alone
 
     OBJECTIVES: ClassVar[dict[str, float]] = {"attention_loss": 1.0, "hidden_loss": 1.0, "embedding_loss": 1.0}
-
-    @property
-    def uses_augmented_data(self) -> bool:
-        return self.augmentation
-
-    @property
-    def task_distills(self) -> bool:
-        return True
-
-    def options(self) -> dict[str, Any]:
-        return {**super().options(), "official_attention_masking": self.official_attention_masking,
-                "per_layer_projection": self.per_layer_projection, "prediction_reduction": self.prediction_reduction}
+    TASK_DISTILLS: ClassVar[bool] = True
+    #: ``teacher_layers: auto``: the teacher layers the layer map aligns the student's with (uniform, 6 -> 3: 1, 3, 5;
+    #: 6 -> 4: 1, 2, 4, 5), so step 1 starts each student layer from the layer it is to imitate (scores of the
+    #: alternatives: docs/results.md)
+    TEACHER_LAYERS: ClassVar[str] = "mapped"
+    #: the cut of a distilled twin goes through step 2 again, from the teacher (scores: docs/results.md)
+    CUT_TRAINING: ClassVar[str] = "prediction"
+    OPTIONS: ClassVar[tuple[str, ...]] = ("teacher_train_mode", "official_attention_masking", "per_layer_projection",
+                                          "prediction_reduction")
 
     def ablations(self) -> dict[str, tuple[str, Recipe]]:
         """Tables 2-3: without general distillation (when it has one), data augmentation, step 1, the attention loss."""
@@ -72,13 +70,6 @@ class TinyBertRecipe(Recipe):
 
         return build_layer_map(self.layer_map, n_student, n_teacher)
 
-    def auto_teacher_layers(self, n_teacher: int, n_student: int) -> list[int]:
-        """``teacher_layers: auto``: the teacher layers the layer map aligns the student's with (uniform, 6 -> 3: 1, 3,
-        5; 6 -> 4: 1, 2, 4, 5), so step 1 starts each student layer from the layer it is to imitate, as the local and
-        squad presets' students do by hand. The budget preset's 3 x 384 twins from 1, 3, 5 kept their teachers where the
-        spread of `official_teacher_layers` (0, 3, 5) lost points (docs/presets.md; scores: docs/results.md)."""
-        return list(self.map_layers(n_student, n_teacher).teacher_layers)
-
     def layer_wise_spec(self, n_student: int, n_teacher: int, projection=None):
         return super().layer_wise_spec(n_student, n_teacher, projection).with_(
             per_layer_projection=self.per_layer_projection)
@@ -91,7 +82,7 @@ class TinyBertRecipe(Recipe):
             raise RecipeError(f"{key}.task_distillation: the tinybert recipe's step 2 is prediction-layer distillation "
                               "already (on the augmented set); the extra step is for the recipes that fine-tune or "
                               "distil without it (minilm, distilbert, mobilebert, pkd)")
-        s = self.student_dims(teacher, key)
+        s = student_dims(self, teacher, key)
         try:
             lm = build_layer_map(self.layer_map, s.layers, teacher.layers)
             validate_layer_map(lm, s.layers, teacher.layers, s.heads, teacher.heads,
@@ -99,37 +90,14 @@ class TinyBertRecipe(Recipe):
         except LayerMapError as exc:
             raise RecipeError(f"{key}.layer_map: {exc}") from None
 
-    def pruned_projection(self, student, teacher):
-        """W_h for a student pruned from the teacher (``init: pruned``): the selection of its kept channels (CoFi's
-        identity start), one per mapped state with ``per_layer_projection``; None (a fresh W_h) for other students."""
-        channels = getattr(student, "kept_channels", None)
-        if channels is None:
-            return None
-        from distillery.models import hidden_size, num_layers
-        from distillery.objectives.tinybert import HiddenProjection
-
-        n_states = max(1, len(self.map_layers(num_layers(student), num_layers(teacher)).hidden))
-        return HiddenProjection.selecting(channels, hidden_size(teacher), n_states, shared=not self.per_layer_projection)
-
-    def task_projection(self, ctx: TaskContext, student):
-        """Step 1 continues the general student's W_h, or starts a pruned student's from its kept channels."""
-        return ctx.general or self.pruned_projection(student, ctx.teacher)
-
-    def task_stage(self, ctx: TaskContext):
+    def plan(self, teacher: Dims, sections):
         """Step 1 (intermediate layers on the augmented set, continuing the general student's projection), then
         step 2 (prediction layer over the grid; teacher logits computed once and reused by every run)."""
-        start = task_student(self, ctx)
+        from distillery.training.plan import Plan
+
+        start = student_start(self)
         if not self.intermediate_step:  # step 2 alone, from where the task stage starts
-            return self.step2(ctx, start), None
-        step1 = intermediate_stage(self, ctx, start, augmented=self.augmentation)
-        return self.step2(ctx, lambda: ctx.load(step1)), step1 / "train_log.csv"
-
-    def step2(self, ctx: TaskContext, start):
-        """Step 2: prediction-layer distillation (eq. 10) of ``start`` over the grid, on the augmented set (with
-        ``augmentation``)."""
-        return prediction_stage(self, ctx, start, ctx.out / "grid", augmented=self.augmentation)
-
-    def train_cut(self, ctx: TaskContext, cut):
-        """The cut of the distilled twin goes through step 2 again, from the teacher: on CoLA that beat fine-tuning the
-        cut on the gold labels over several seeds, SST-2 alike (docs/presets.md; scores: docs/results.md)."""
-        return self.step2(ctx, cut)
+            return Plan((predict(self, start, sections, augmented=self.augmentation),))
+        return Plan((intermediate(self, start, teacher, augmented=self.augmentation, projection=True),
+                     predict(self, after("intermediate"), sections, augmented=self.augmentation)),
+                    curve="intermediate")
