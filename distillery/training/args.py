@@ -1,4 +1,4 @@
-"""Training arguments: one place that turns a plain dict of options into `transformers.TrainingArguments`.
+"""Training arguments: the one function that turns a plain dict of options into `transformers.TrainingArguments`.
 
 Every loop in `distillery.training` builds on the Hugging Face `Trainer`, so mixed precision, gradient
 accumulation, distributed training and checkpoint resume come from there, not from this project. The precision is
@@ -72,22 +72,30 @@ class TrainArgsError(ValueError):
 
 def training_arguments(
     output_dir: str | os.PathLike,
-    options: Mapping[str, Any] | TrainingArguments | None = None,
+    options: Mapping[str, Any] | None = None,
+    *,
+    select: bool = False,
     **overrides: Any,
 ) -> TrainingArguments:
-    """Build `TrainingArguments` from project defaults, then `options`, then keyword `overrides`.
-
-    `options` may already be a `TrainingArguments` (its values are kept, `output_dir` is replaced).
-    An unknown key raises `TrainArgsError` naming the key, before any training starts.
+    """The `TrainingArguments` of every training loop, built here and nowhere else: the project's `DEFAULTS` and
+    precision, then (with ``select``: the loop has a dev set) best-model selection on the dev main score, evaluating
+    and saving every epoch, or both every `save_steps` when the caller saves by steps; then `options`, then keyword
+    `overrides`. An unknown key raises `TrainArgsError` naming the key, before any training starts.
     """
+    chosen = {**(options or {}), **overrides}
     values: dict[str, Any] = {**DEFAULTS, **precision.trainer_options()}
-    if isinstance(options, TrainingArguments):
-        values.update({k: v for k, v in options.to_dict().items() if k in _FIELDS})
-        # to_dict() turns enums into strings and drops tokens; both are fine for rebuilding.
-        values.pop("hub_token", None)
-    elif options is not None:
-        values.update(options)
-    values.update(overrides)
+    if select:
+        from distillery.training.metrics import MAIN
+
+        values.update({"eval_strategy": "epoch", "save_strategy": "epoch", "load_best_model_at_end": True,
+                       "metric_for_best_model": MAIN, "greater_is_better": True})
+        if chosen.get("eval_strategy") == "steps" and "save_strategy" not in chosen:
+            chosen["save_strategy"] = "steps"
+        if chosen.get("save_strategy", values["save_strategy"]) == "steps" and "eval_strategy" not in chosen:
+            # a checkpoint every N steps is evaluated too: the best checkpoint is chosen among those saved
+            chosen["eval_strategy"] = "steps"
+            chosen.setdefault("eval_steps", chosen.get("save_steps", DEFAULTS["save_steps"]))
+    values.update(chosen)
     if launched() and cpu_only():
         values.setdefault("use_cpu", True)  # N CPU processes under a launcher: one DDP group (gloo), not N runs
     loader = loader_options(torch.cuda.is_available() and not values.get("use_cpu"))
@@ -102,45 +110,6 @@ def training_arguments(
     if values.get("eval_strategy", "no") == "no" and values.get("load_best_model_at_end"):
         raise TrainArgsError("load_best_model_at_end=True needs an eval_strategy other than 'no'")
     return TrainingArguments(**values)
-
-
-def selection_args(overrides: dict[str, Any], has_eval: bool) -> dict[str, Any]:
-    """Evaluate and save every epoch (or both every `save_steps` when the caller saves by steps) and keep the best
-    checkpoint on `"main"`, unless the caller says otherwise."""
-    if not has_eval:
-        return overrides
-    from distillery.training.metrics import MAIN
-
-    out = {
-        "eval_strategy": "epoch",
-        "save_strategy": "epoch",
-        "load_best_model_at_end": True,
-        "metric_for_best_model": MAIN,
-        "greater_is_better": True,
-    }
-    out.update(overrides)
-    if out.get("eval_strategy") == "steps" and "save_strategy" not in overrides:
-        out["save_strategy"] = "steps"
-    if out.get("save_strategy") == "steps" and "eval_strategy" not in overrides:
-        # a checkpoint every N steps is evaluated too: the best checkpoint is chosen among those saved
-        out["eval_strategy"] = "steps"
-        out.setdefault("eval_steps", out.get("save_steps", DEFAULTS["save_steps"]))
-    return out
-
-
-def train_arguments(
-    output_dir: str | os.PathLike,
-    args: Mapping[str, Any] | TrainingArguments | None,
-    has_eval: bool,
-    **overrides: Any,
-) -> TrainingArguments:
-    """The TrainingArguments of every training loop: checkpoints under `output_dir/checkpoints`, best-model
-    selection on the dev main score when there is an eval set, `args` then `overrides` on top."""
-    from distillery.training.saving import checkpoint_dir
-
-    opts = dict(args) if isinstance(args, Mapping) else {}
-    base = args if isinstance(args, TrainingArguments) else None
-    return training_arguments(checkpoint_dir(output_dir), base, **selection_args({**opts, **overrides}, has_eval))
 
 
 def collator_for(tokenizer):

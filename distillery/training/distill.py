@@ -43,10 +43,11 @@ from distillery.layer_map import LayerMap, validate_layer_map
 from distillery.models import hidden_size, num_heads, num_layers
 from distillery.objectives import HiddenProjection
 from distillery.objectives.registry import TERMS, Batch, capture_specs
-from distillery.training.args import collator_for
+from distillery.training.args import collator_for, training_arguments
 from distillery.training.distill_state import load_projection_into, save_projection
+from distillery.training.saving import checkpoint_dir
 from distillery.training.spec import DistillSpec, TrainRun
-from distillery.training.trainer import run_arguments, train_and_export
+from distillery.training.trainer import train_and_export
 
 TEACHER_LOGITS = "teacher_logits"
 NSP_LABELS = "next_sentence_label"
@@ -322,7 +323,7 @@ def distill(teacher: PreTrainedModel | None, student: PreTrainedModel, spec: Dis
     has_eval = run.eval_dataset is not None and run.compute_metrics is not None
     # Evaluation labels are `labels` only: `next_sentence_label` is an input of eq. 4, and the Trainer would otherwise
     # take every forward argument named *label* for one (and skip metrics for batches without it).
-    targs = run_arguments(run, has_eval, label_names=["labels"])
+    targs = training_arguments(checkpoint_dir(run.output_dir), {"label_names": ["labels"], **run.args}, select=has_eval)
     if teacher is not None:
         teacher.to(targs.device)
     collator = DistillationCollator(run.data_collator or collator_for(run.tokenizer))

@@ -11,9 +11,10 @@ from pathlib import Path
 
 from transformers import PreTrainedModel, Trainer
 
-from distillery.training.args import collator_for
+from distillery.training.args import collator_for, training_arguments
+from distillery.training.saving import checkpoint_dir
 from distillery.training.spec import TrainRun
-from distillery.training.trainer import run_arguments, train_and_export
+from distillery.training.trainer import train_and_export
 
 
 def finetune(model: PreTrainedModel, run: TrainRun) -> Path:
@@ -30,5 +31,6 @@ def finetune(model: PreTrainedModel, run: TrainRun) -> Path:
     # A sequence classifier's loss is its batch mean, which ignores the Trainer's token count; with
     # `average_tokens_across_devices` the Trainer would still multiply it by the number of processes, so under DDP
     # every gradient would be N times one process's (measured: clipping then trains a different model).
-    targs = run_arguments(run, has_eval, average_tokens_across_devices=False)
+    targs = training_arguments(checkpoint_dir(run.output_dir), {"average_tokens_across_devices": False, **run.args},
+                               select=has_eval)
     return train_and_export(Trainer, model, run, targs, data_collator=collator_for(run.tokenizer), evaluate=has_eval)

@@ -14,8 +14,10 @@ from typing import Iterable, Sequence
 import datasets
 from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling, PreTrainedModel, Trainer
 
+from distillery.training.args import training_arguments
+from distillery.training.saving import checkpoint_dir
 from distillery.training.spec import TrainRun
-from distillery.training.trainer import run_arguments, train_and_export
+from distillery.training.trainer import train_and_export
 
 
 def tokenize_texts(
@@ -87,7 +89,7 @@ def train_mlm(
     train_ds = tokenize_texts(run.train_dataset, tokenizer, max_length, pack=pack)
     eval_ds = tokenize_texts(run.eval_dataset, tokenizer, max_length, pack=pack) if run.eval_dataset is not None else None
     run = run.with_(train_dataset=train_ds, eval_dataset=eval_ds)
-    targs = run_arguments(run, False)
+    targs = training_arguments(checkpoint_dir(run.output_dir), run.args)
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=mlm_probability, seed=targs.seed)
     return train_and_export(Trainer, model, run, targs, data_collator=collator, evaluate=eval_ds is not None)
 

@@ -19,17 +19,10 @@ from distillery import precision
 from distillery.efficiency.ceiling import StepFlops, utilisation
 from distillery.runtime import FreeCores
 from distillery.training import cpu_kernels
-from distillery.training.args import train_arguments
 from distillery.training.log import LOG_NAME, quiet_progress, rows_from_state, write_log
 from distillery.training.metrics import trainer_metrics
 from distillery.training.saving import last_checkpoint, save_final
 from distillery.training.spec import TrainRun
-
-
-def run_arguments(run: TrainRun, has_eval: bool, **defaults: Any) -> TrainingArguments:
-    """The run's TrainingArguments: checkpoints under ``run.output_dir/checkpoints``, the loop's ``defaults`` under
-    ``run.args``, best-model selection on the dev main score when ``has_eval``."""
-    return train_arguments(run.output_dir, {**defaults, **run.args}, has_eval)
 
 
 def train_and_export(
