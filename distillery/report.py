@@ -75,6 +75,23 @@ def verdicts(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], students: l
     return lines
 
 
+#: the kinds of training rows a task stage reads (`train_rows_<kind>` in the summary), as the report names them
+ROW_KINDS = {"gold": "gold", "augmented": "augmented", "unlabeled": "unlabelled"}
+
+
+def rows_lines(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[str]:
+    """One line per task: the training rows of each kind each student and direct baseline read (the most one of its
+    steps read), e.g. "Training rows on sst2 (gold / augmented / unlabelled): tiny 8,000 / 0 / 59,349; ..."."""
+    lines = []
+    for task, models in summary.items():
+        counts = {m: [r.get(f"train_rows_{k}", 0) for k in ROW_KINDS] for m, r in models.items()
+                  if any(f"train_rows_{k}" in r for k in ROW_KINDS)}
+        if counts:
+            each = "; ".join(f"{m} " + " / ".join(f"{n:,}" for n in c) for m, c in counts.items())
+            lines.append(f"Training rows on {task} ({' / '.join(ROW_KINDS.values())}): {each}")
+    return lines
+
+
 def _speed(row: Mapping[str, Any], suffix: str, what: str) -> str:
     """"2.6x [2.5-2.7] faster at batch 1": a speedup with the 10th-90th percentiles of its paired rounds; "speedup at
     batch 1 unresolved [1.2-4.0x over the rounds]" when they spread too wide to say (a busy machine, or a runtime whose

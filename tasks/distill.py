@@ -151,10 +151,8 @@ def task_files(p: Params, item: str):
 
 
 def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
-    from distillery.io import write_json
     from distillery.models import Dims
     from distillery.recipes import task_plan
-    from distillery.training.distributed import is_main
     from distillery.training.plan import run_plan
     from distillery.training.task_data import open_task
 
@@ -163,12 +161,8 @@ def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
     out, recipe, opened = paths.student(student, task), recipe_of(p, student), open_task(task_files(p, item), p.seed)
     plan = task_plan(recipe, Dims.of_config(opened.teacher.config), p.task_distillation)
     done = run_plan(plan, opened, p.task_distillation, out)
-    result = _keep_best(done.grid, out)
+    result = _keep_best(done.grid, out, done.rows)
     result["curve"] = done.curve
-    rows = {f"train_rows_{kind}": n for kind, n in done.rows.items()}  # the most rows of each kind one step read
-    if is_main():
-        write_json(out / "rows.json", rows)
-    result["metrics"].update(rows)
     return result
 
 
@@ -183,24 +177,27 @@ def run_baseline(p: Params, item: str) -> dict[str, Any]:
     out = paths.baseline(student, task)
     task = open_task(task_files(p, item), p.seed)
     done = run_plan(direct_plan(recipe_of(p, student)), task, p.task_distillation, out)
-    return _keep_best(done.grid, out)
+    return _keep_best(done.grid, out, done.rows)
 
 
-def _keep_best(grid, out: Path) -> dict[str, Any]:
-    """Copy the grid's best run to out/model (atomically), drop the runs' checkpoints, report the choice (the files:
-    rank 0, under a launcher)."""
-    from distillery.io import atomic_dir
+def _keep_best(grid, out: Path, rows: dict[str, int]) -> dict[str, Any]:
+    """Copy the grid's best run to out/model (atomically), drop the runs' checkpoints, report the choice and, in
+    out/rows.json, the training rows of each kind (the most one step read; the files: rank 0, under a launcher)."""
+    from distillery.io import atomic_dir, write_json
     from distillery.training.distributed import is_main
+
+    rows = {f"train_rows_{kind}": n for kind, n in rows.items()}
 
     for run in grid.results:
         finish(Path(run["model_dir"]).parent)
     if is_main():
         with atomic_dir(out / "model") as tmp:
             shutil.copytree(grid.best_dir, tmp, dirs_exist_ok=True)
+        write_json(out / paths.ROWS, rows)
     best = grid.best
     return {"artifacts": [str(grid.best_dir.parent.parent / "grid.json")], "curve": grid.best_dir / "train_log.csv",
             "metrics": {"best_lr": best["learning_rate"], "best_batch_size": best["batch_size"],
-                        "best_dev_main": best["main"]}}
+                        "best_dev_main": best["main"], **rows}}
 
 
 # ------------------------------------------------------------------------------------------------ declarations

@@ -196,7 +196,7 @@ def _add_latency(p: Params, task: str, results: dict[str, dict[str, Any]], sessi
 
 
 def run_report(p: Params, _: str | None) -> dict[str, Any]:
-    from distillery.report import write_report
+    from distillery.report import rows_lines, write_report
 
     summary = _summary(p)
     write_json(paths.summary(), summary)
@@ -223,7 +223,7 @@ def run_report(p: Params, _: str | None) -> dict[str, Any]:
     from tasks.search import budget_lines, budgeted
 
     written = write_report(summary, paths.REPORTS, loss_curves=curves, latency=latency or None, teacher="teacher",
-                           notes=notes, lines=failed + budget_lines(p, summary))
+                           notes=notes, lines=failed + budget_lines(p, summary) + rows_lines(summary))
     for student in budgeted(p):  # the search's plot beside the report's
         if (plot := paths.search(student) / "pareto.png").is_file():
             written.append(Path(shutil.copyfile(plot, paths.REPORTS / f"search-{student}.png")))
@@ -278,8 +278,8 @@ def _models(p: Params) -> list[str]:
 def _summary(p: Params) -> dict[str, Any]:
     """metrics/summary.json: task -> model -> {"params", GLUE metrics..., "retention"}. Rows: the teacher, its
     trivial baseline (`trivial`), the students, their int8 exports and their direct baselines (`<s>-direct`,
-    with `baseline_of`). The teacher's row says whether it passed the gate (`passed_gate`, as the evaluate stage
-    recorded it; when not, `gate` holds the one-line reason and the task has no student rows: nothing was
+    with `baseline_of`; each with `train_rows_<kind>`, the rows of each kind it trained on). The teacher's row says
+    whether it passed the gate (`passed_gate`, as the evaluate stage recorded it; when not, `gate` holds the one-line reason and the task has no student rows: nothing was
     distilled). Retention (main dev score over the teacher's) is given only when the teacher passed
     the gate (beat the trivial baseline by `teacher_finetune.min_gain_over_trivial`); each student also gets
     `gain_over_direct`, its main score minus its direct baseline's. Under `average`: each model's mean main score
@@ -303,6 +303,7 @@ def _summary(p: Params) -> dict[str, Any]:
                 entry["retention"] = kept
             if f"{name}-direct" in results:
                 entry["gain_over_direct"] = r["main"] - results[f"{name}-direct"]["main"]
+            entry.update(_rows(p, name, task))
             summary[task][name] = entry
             for form in FORMS:  # the student's int8 ONNX export and its bf16 form, each a row of its own
                 if f"{form}_main_change" in r:
@@ -314,6 +315,15 @@ def _summary(p: Params) -> dict[str, Any]:
     if len(p.data.tasks) > 1:
         summary[AVERAGE] = average
     return summary
+
+
+def _rows(p: Params, name: str, task: str) -> dict[str, int]:
+    """The training rows of each kind a student (or its direct baseline) read, from its task stage's rows.json."""
+    student = name.removesuffix("-direct")
+    if student not in p.students:
+        return {}
+    path = (paths.baseline if name.endswith("-direct") else paths.student)(student, task) / paths.ROWS
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 #: a student's served forms beside its fp32 row: the int8 ONNX export (ONNX Runtime) and bf16 autocast (PyTorch)

@@ -70,6 +70,10 @@ def student(student: str, task: str) -> Path:
     return MODELS / "students" / f"{student}-{task}"
 
 
+#: beside a task stage's model (a student's or its direct baseline's): the training rows of each kind it read
+ROWS = "rows.json"
+
+
 def baseline(student: str, task: str) -> Path:
     """The student's architecture and initialisation trained on the task's gold labels, without a teacher."""
     return MODELS / "baseline" / f"{student}-{task}"

@@ -5,7 +5,7 @@ import struct
 import pytest
 
 from distillery.report import (AVERAGE, ReportError, averages, build_rows, read_loss_curve, render_markdown, retention,
-                               write_report)
+                               rows_lines, write_report)
 
 SUMMARY = {
     "sst2": {"teacher": {"params": 109_000_000, "flops": 22.3e9, "accuracy": 0.92},
@@ -213,3 +213,13 @@ def test_the_run_in_words_names_the_best_student_its_retention_speedup_and_gain(
         "sst2: best student a 0.8800 = 0.98 of the teacher's 0.9000, 3.0x faster at batch 1 (7.5x in int8), +3.1 "
         "points over the same student without distillation; 1 of 2 students beat their direct baseline",
         "cola: best student a 0.1000 (teacher 0.0000)"]
+
+
+def test_the_rows_line_says_what_each_student_and_baseline_read():
+    summary = {"sst2": {"teacher": {"accuracy": 0.9},
+                        "a": {"accuracy": 0.8, "train_rows_gold": 8000, "train_rows_augmented": 0,
+                              "train_rows_unlabeled": 59349},
+                        "a-direct": {"accuracy": 0.7, "train_rows_gold": 8000}},
+               "cola": {"teacher": {"mcc": 0.5}}}
+    assert rows_lines(summary) == [
+        "Training rows on sst2 (gold / augmented / unlabelled): a 8,000 / 0 / 59,349; a-direct 8,000 / 0 / 0"]

@@ -129,3 +129,11 @@ def test_soft_target_steps_read_the_rest_and_fine_tuning_does_not(tmp_path):
     assert tiny["train_rows_unlabeled"] == 150 and tiny["train_rows_gold"] == 50 and tiny["train_rows_augmented"] > 0
     assert pkd["train_rows_unlabeled"] == 150 and pkd["train_rows_augmented"] == 0
     assert distilbert["train_rows_unlabeled"] == 0 and distilbert["train_rows_gold"] == 50
+    # the summary and the report say what each student and each direct baseline read
+    summary = json.loads((project / "metrics" / "summary.json").read_text())["demo"]
+    assert summary["micro"]["train_rows_unlabeled"] == 150
+    assert {k: v for k, v in summary["micro-direct"].items() if k.startswith("train_rows_")} == {
+        "train_rows_gold": 50, "train_rows_augmented": 0, "train_rows_unlabeled": 0}
+    line = next(x for x in (project / "reports" / "table.md").read_text().splitlines()
+                if x.startswith("- Training rows on demo (gold / augmented / unlabelled): "))
+    assert "; micro-pkd 50 / 0 / 150;" in line and "micro-pkd-direct 50 / 0 / 0" in line, line
