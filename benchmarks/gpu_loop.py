@@ -1,14 +1,11 @@
 """Where the pipeline's training loop spends a step, and what the loader and the per-step checks cost.
 
-On one H200 (2026-11-27) every training loop of the `gpu` preset ran at 10-15 steps a second whatever its model.
 This runs the pipeline's own loop (`loop_step`: `distill` through the Trainer, its data loader over
 `datasets` rows, the padding collator) at the `gpu` preset's general-distillation shapes (batch 256 x 128, bf16)
 under a few training options side by side, the bare step beside it (synchronised every step), then one profiled
-run: the host's hottest Python functions (cProfile) and a Chrome trace of the device's work (`--out`).
-Its first run named the cause: with the Trainer's defaults a step took 78.2 ms against the bare step's 46.8 ms, the
-padding collator alone ~27 ms of host time a batch (`tokenization_utils_base.flatten`) and the loss's NaN check a
-wait for the device every step; with loader workers and no check 40.7 ms, 36-47 ms in a second run
-(`distillery.training.args.loader_options`, now the pipeline's default on a GPU; docs/benchmarks.md).
+run: the host's hottest Python functions (cProfile) and a Chrome trace of the device's work (`--out`). What its runs
+found (the loader's workers and no per-step loss check, `distillery.training.args.loader_options`) is in
+docs/benchmarks.md, "The training loop on the GPU".
 
 Run: python -m benchmarks.gpu_loop [--out DIR]          (CUDA; `--device cpu --micro` runs the same code, toy sizes)
 Last line: `bare_ms: <b> before_ms: <the Trainer's defaults> pipeline_ms: <p> speedup: <before / p>

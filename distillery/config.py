@@ -573,8 +573,8 @@ def _uneven_batches(n: int, d: dict[str, Any]) -> str | None:
     return None
 
 
-#: keys renamed so that a name has one meaning and a hyper-parameter keeps its name from params to the library
-#: (2026-11-26); an old params file gets "unknown key (now `...`)"
+#: keys renamed so that a name has one meaning and a hyper-parameter keeps its name from params to the library; an
+#: old params file gets "unknown key (now `...`)"
 RENAMED_KEYS = {"finetune": "teacher_finetune", "lr": "learning_rate", "lrs": "learning_rates"}
 
 

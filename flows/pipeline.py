@@ -82,7 +82,7 @@ class DeviceSlots:
     """At most `n` device stages at once in this process, each on one of `n` device threads; an exclusive one
     (latency) waits for all `n`. The device threads are the only ones that run training: torch's OpenMP keeps a team
     of worker threads per calling thread, and when consecutive stages ran on different pool threads (a team each) a
-    training stage used about one of 2 CPU cores (the demo took 1.7x as long)."""
+    training stage used about one of 2 CPU cores."""
 
     def __init__(self, n: int):
         self.n, self.free = n, threading.BoundedSemaphore(n)

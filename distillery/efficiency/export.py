@@ -366,8 +366,7 @@ class OnnxModel:
 
     The session keeps ONNX Runtime's own thread behaviour: its workers busy-wait between operators and for a
     while after a call returns, as a served model runs. Stopping them at the end of each call
-    (``session.force_spinning_stop``, this class's setting until 2026-11-29) made the next call wake them: on 2
-    Zen 4 cores a 2 x 288 int8 student took 3.3-7.4 ms at batch 1 with it, 1.9-2.3 ms without
+    (``session.force_spinning_stop``) makes the next call wake them, which costs more than a small model's call
     (docs/benchmarks.md, "Two runtimes in one process"). Whatever runs right after a call shares the cores with the
     spinning workers for a few milliseconds: `measure_latency` pauses before each sample for that.
     """
