@@ -145,8 +145,9 @@ def forwards(model: Any, device: str | torch.device | None = None):
 def fast_attention(model: Any, device: str | torch.device | None = None, precision: str | None = None) -> Any:
     """`model` set to the attention that is fast at the precision in force (given, else `current()`): under bf16 on a
     CPU, the eager attention (matmul + softmax), which runs bf16 on the same kernels as the rest of the model, instead
-    of PyTorch's fused SDPA, whose CPU bf16 kernel is slow (`python -m benchmarks.precision` times both). The two compute the same attention; nothing
-    is saved with the model (its config.json is unchanged). Other models, precisions and devices: unchanged."""
+    of PyTorch's fused SDPA, whose CPU bf16 kernel is slow (`python -m benchmarks.precision` times both). The two
+    compute the same attention; nothing is saved with the model (its config.json is unchanged). Other models, precisions
+    and devices: unchanged."""
     dev, chosen = _on(device, precision)
     if dev != "cpu" or chosen != "bf16":
         return model

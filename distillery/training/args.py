@@ -39,11 +39,11 @@ LOADER_WORKERS = 4
 
 
 def loader_options(gpu: bool) -> dict[str, Any]:
-    """The data loader where a GPU trains: batches read and padded by worker processes (persistent, 4 batches
-    ahead each) and pinned, so that the device never waits for the host (the padding collator's host time per batch
-    is a large share of a GPU step: `python -m benchmarks.gpu_loop`, docs/benchmarks.md). Up to `LOADER_WORKERS` per process on the machine (`LOCAL_WORLD_SIZE` under a launcher),
-    one core left to each process. On a CPU the loader stays in the training process: workers would take the cores
-    the model computes on."""
+    """The data loader where a GPU trains: batches read and padded by worker processes (persistent, 4 batches ahead
+    each) and pinned, so that the device never waits for the host (the padding collator's host time per batch is a large
+    share of a GPU step: `python -m benchmarks.gpu_loop`, docs/benchmarks.md). Up to `LOADER_WORKERS` per process on the
+    machine (`LOCAL_WORLD_SIZE` under a launcher), one core left to each process. On a CPU the loader stays in the
+    training process: workers would take the cores the model computes on."""
     if not gpu:
         return {"dataloader_pin_memory": False}
     procs = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
