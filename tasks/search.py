@@ -2,8 +2,9 @@
 deployed form here, on the machine that runs the stage (AutoTinyBERT's constraint in, architecture out,
 with every candidate timed instead of predicted).
 
-1. Every candidate shape the recipe can train (`distillery.recipes.checks.budget_shapes`) is built with random weights in every deployed
-   form and timed beside the fp32 teacher (`distillery.efficiency.budget`); those over the budget are dropped.
+1. Every candidate shape the recipe can train (`distillery.recipes.checks.budget_shapes`) is built with random
+   weights in every deployed form and timed beside the fp32 teacher (`distillery.efficiency.budget`); those over the
+   budget are dropped.
 2. ``shapes`` of the shapes that meet it (each in its most faithful form that does; the largest of each depth first,
    `finalists`) are trained with the task stage their recipe gives them, on ``train_examples`` training examples of
    each task, and scored by their mean dev retention over the tasks; the better half goes on with twice the examples

@@ -55,6 +55,6 @@ __all__ = [
     "CheckpointInit", "CheckpointMismatchError", "DistilBertRecipe", "IBTeacher", "INIT_KINDS", "MiniLMRecipe",
     "MobileBertRecipe", "RECIPES", "RECIPE_NAMES", "RandomInit", "Recipe", "RecipeError", "Section", "Shape",
     "StageContext", "StudentRecipe", "StudentStage", "TeacherLayersInit", "TinyBertRecipe", "budget_shapes",
-    "direct_plan", "official_teacher_layers", "recipe_from_yaml", "recipe_options", "student_stage_folders", "task_plan",
-    "verify", "with_shape",
+    "direct_plan", "official_teacher_layers", "recipe_from_yaml", "recipe_options", "student_stage_folders",
+    "task_plan", "verify", "with_shape",
 ]

@@ -55,9 +55,9 @@ class Step:
     ``schedule``: the ``task_distillation`` section it trains by (``intermediate``: one run; ``prediction``,
     ``finetune``: a grid). ``loss`` None fine-tunes on the gold labels, no teacher. ``unlabeled``: the task's unlabelled
     rows after the others (soft targets; a gold-label term skips them). ``projection``: continue the start's
-    hidden-state projection (TinyBERT's W_h: the general student's, or a pruned student's kept channels). ``candidate``: a grid whose
-    best run may become the student (the best candidate on dev wins; a tie keeps the later step). ``cache_logits``:
-    the grid may share the teacher's logits across its runs."""
+    hidden-state projection (TinyBERT's W_h: the general student's, or a pruned student's kept channels). ``candidate``:
+    a grid whose best run may become the student (the best candidate on dev wins; a tie keeps the later step).
+    ``cache_logits``: the grid may share the teacher's logits across its runs."""
 
     name: str
     start: Start
