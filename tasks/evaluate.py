@@ -276,15 +276,15 @@ def _models(p: Params) -> list[str]:
 
 
 def _summary(p: Params) -> dict[str, Any]:
-    """metrics/summary.json: task -> model -> {"params", GLUE metrics..., "retention"}. Rows: the teacher, its
-    trivial baseline (`trivial`), the students, their int8 exports and their direct baselines (`<s>-direct`, with
-    `baseline_of`; each with `train_rows_<kind>`, the rows of each kind it trained on). The teacher's row says whether
-    it passed the gate (`passed_gate`, as the evaluate stage recorded it; when not, `gate` holds the one-line reason and
-    the task has no student rows: nothing was distilled). Retention (main dev score over the teacher's) is given only
-    when the teacher passed the gate (beat the trivial baseline by `teacher_finetune.min_gain_over_trivial`); each student also gets
-    `gain_over_direct`, its main score minus its direct baseline's. Under `average`: each model's mean main score
-    over the tasks and, when every teacher passed its gate, the students' retention of the teacher's average
-    (and the mean of their per-task retentions)."""
+    """metrics/summary.json: task -> model -> {"params", GLUE metrics..., "retention"}. Rows: the teacher, its trivial
+    baseline (`trivial`), the students, their int8 exports and their direct baselines (`<s>-direct`, with `baseline_of`;
+    each with `train_rows_<kind>`, the rows of each kind it trained on). The teacher's row says whether it passed the
+    gate (`passed_gate`, as the evaluate stage recorded it; when not, `gate` holds the one-line reason and the task has
+    no student rows: nothing was distilled). Retention (main dev score over the teacher's) is given only when the
+    teacher passed the gate (beat the trivial baseline by `teacher_finetune.min_gain_over_trivial`); each student also
+    gets `gain_over_direct`, its main score minus its direct baseline's. Under `average`: each model's mean main score
+    over the tasks and, when every teacher passed its gate, the students' retention of the teacher's average (and the
+    mean of their per-task retentions)."""
     from distillery.report import AVERAGE, averages
 
     summary: dict[str, Any] = {}
