@@ -251,10 +251,12 @@ def prefect_database() -> Path:
 
 
 def make_project(tmp: Path, params: dict | None = None, *, dvc_yaml: bool = True) -> Path:
-    """`tmp` holding copies of the pipeline's packages, a migrated Prefect database (`prefect_database`) in its
-    PREFECT_HOME and `params` (MICRO by default) as params.yaml; with `dvc_yaml`, the dvc.yaml these params declare."""
+    """`tmp` holding copies of the pipeline's packages and its .dvcignore, a migrated Prefect database
+    (`prefect_database`) in its PREFECT_HOME and `params` (MICRO by default) as params.yaml; with `dvc_yaml`, the
+    dvc.yaml these params declare."""
     for name in ("distillery", "tasks", "flows"):
         shutil.copytree(ROOT / name, tmp / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copyfile(ROOT / ".dvcignore", tmp / ".dvcignore")
     (tmp / ".prefect").mkdir(exist_ok=True)
     shutil.copyfile(prefect_database(), tmp / ".prefect" / "prefect.db")
     (tmp / "params.yaml").write_text(yaml.safe_dump(params or MICRO))
