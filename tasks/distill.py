@@ -128,12 +128,11 @@ def student_plan(p: Params, student: str, *, direct: bool = False):
     """The student's task-stage plan (its direct baseline's with ``direct``): its recipe's (`distillery.recipes.
     task_plan`). A budgeted student's before its search is planned at the teacher's width and depth: which data and
     starts a plan reads does not depend on the shape (its stage keys and DVC deps)."""
-    from distillery.recipes import direct_plan, task_plan, with_shape
+    from distillery.recipes import at_teacher_shape, direct_plan, task_plan
 
     recipe, dims = p.students[student], teacher_dims(p)
     if recipe.budget is not None:
-        recipe = with_shape(recipe, {"layers": dims.layers, "hidden": dims.hidden, "heads": dims.heads,
-                                     "intermediate": dims.intermediate})
+        recipe = at_teacher_shape(recipe, dims)
     return direct_plan(recipe) if direct else task_plan(recipe, dims, p.task_distillation)
 
 

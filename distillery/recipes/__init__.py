@@ -24,7 +24,7 @@ from distillery.recipes.base import (
     StudentStage,
     recipe_options,
 )
-from distillery.recipes.checks import budget_shapes, verify
+from distillery.recipes.checks import at_teacher_shape, budget_shapes, verify
 from distillery.recipes.schema import (
     INIT_KINDS,
     CheckpointInit,
@@ -54,7 +54,7 @@ RECIPE_NAMES = tuple(RECIPES)
 __all__ = [
     "CheckpointInit", "CheckpointMismatchError", "DistilBertRecipe", "IBTeacher", "INIT_KINDS", "MiniLMRecipe",
     "MobileBertRecipe", "RECIPES", "RECIPE_NAMES", "RandomInit", "Recipe", "RecipeError", "Section", "Shape",
-    "StageContext", "StudentRecipe", "StudentStage", "TeacherLayersInit", "TinyBertRecipe", "budget_shapes",
-    "direct_plan", "official_teacher_layers", "recipe_from_yaml", "recipe_options", "student_stage_folders",
-    "task_plan", "verify", "with_shape",
+    "StageContext", "StudentRecipe", "StudentStage", "TeacherLayersInit", "TinyBertRecipe", "at_teacher_shape",
+    "budget_shapes", "direct_plan", "official_teacher_layers", "recipe_from_yaml", "recipe_options",
+    "student_stage_folders", "task_plan", "verify", "with_shape",
 ]

@@ -37,6 +37,13 @@ def wide_student(recipe, teacher: Dims):
         "shape": Shape(layers=s.layers, hidden=teacher.hidden, heads=teacher.heads, intermediate=teacher.intermediate)})
 
 
+def at_teacher_shape(recipe, teacher: Dims):
+    """A budgeted student planned before its search: at the teacher's depth and width (which data and starts its plan
+    reads does not depend on the shape; the search picks the real one)."""
+    return with_shape(recipe, {"layers": teacher.layers, "hidden": teacher.hidden, "heads": teacher.heads,
+                               "intermediate": teacher.intermediate})
+
+
 def common_checks(recipe, teacher: Dims, key: str) -> None:
     """What every recipe checks (`Recipe.check`): objectives the teacher's attention allows, depth, an init from
     teacher layers or by pruning that fits the teacher, general distillation where a random init needs it."""

@@ -10,7 +10,7 @@ def plan_lines(path: str | Path, students: list[str] | None = None) -> list[str]
     """The plan of every student (or of ``students``) of the params file at ``path``, as text lines."""
     from distillery.errors import UserError
     from distillery.preflight import declared_teacher_dims, load_params
-    from distillery.recipes.schema import with_shape
+    from distillery.recipes.checks import at_teacher_shape
     from distillery.recipes.steps import direct_plan, task_plan
 
     p = load_params(path)
@@ -30,8 +30,7 @@ def plan_lines(path: str | Path, students: list[str] | None = None) -> list[str]
         if recipe.budget is not None:  # planned at the teacher's shape: the search picks the real one
             shape = "a budget (" + recipe.budget.budget(p.evaluation.latency_seq_len).describe() + "), planned here "\
                     "at the teacher's shape"
-            recipe = with_shape(recipe, {"layers": dims.layers, "hidden": dims.hidden, "heads": dims.heads,
-                                         "intermediate": dims.intermediate})
+            recipe = at_teacher_shape(recipe, dims)
         else:
             s = recipe.shape.resolve()
             shape = f"{s.arch} {s.layers} x {s.hidden} ({s.heads} heads, FFN {s.intermediate})"
