@@ -8,9 +8,9 @@ message naming the file and the dotted key (e.g. ``params.yaml: task_distillatio
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from distillery.errors import UserError
 from distillery.recipes import (
@@ -254,6 +254,15 @@ class CorpusSection(Section):
         return self
 
 
+class PredictionsSection(Section):
+    file: str  # CSV, TSV, JSON Lines or Parquet: a key (text [+ text_pair], or split + idx) and a value per label
+    values: Literal["probabilities", "logits"] = "probabilities"  # what the label columns hold (regression: score)
+
+
+def _predictions_file(v: Any) -> Any:
+    return {"file": v} if isinstance(v, str) else v
+
+
 class TeacherSection(Section):
     # "scratch": a fresh model of `shape` (demo); otherwise a local directory or Hub name.
     init: Literal["scratch", "pretrained"] = "scratch"
@@ -264,6 +273,10 @@ class TeacherSection(Section):
     # a teacher you already fine-tuned, per task (a model directory or Hub id with the task's head): evaluated on dev
     # (gate included) instead of fine-tuned again; the task-agnostic stages still read `name_or_path`
     finetuned: dict[str, str] = Field(default_factory=dict)
+    # a teacher known only by its predictions, per task (`distillery.teacher_predictions`): a file, or {file, values};
+    # students distil from it at prediction level, and the task's dev score is the file's
+    predictions: dict[str, Annotated[PredictionsSection, BeforeValidator(_predictions_file)]] = \
+        Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _consistent(self) -> "TeacherSection":
@@ -519,9 +532,13 @@ class Params(Section):
     @classmethod
     def _finetuned_tasks(cls, v: TeacherSection, info: ValidationInfo) -> TeacherSection:
         data = info.data.get("data")
-        for task in v.finetuned:
-            if data is not None and task not in data.tasks:
-                raise ValueError(f"finetuned: {task!r} is not in data.tasks ({', '.join(data.tasks)})")
+        for key in ("finetuned", "predictions"):
+            for task in getattr(v, key):
+                if data is not None and task not in data.tasks:
+                    raise ValueError(f"{key}: {task!r} is not in data.tasks ({', '.join(data.tasks)})")
+        if both := sorted(set(v.finetuned) & set(v.predictions)):
+            raise ValueError(f"predictions: {both[0]!r} has a fine-tuned teacher too (teacher.finetuned); give one "
+                             "teacher per task")
         return v
 
     @field_validator("per_task")

@@ -86,8 +86,42 @@ def check_params(p: Params, path: str = "params.yaml", root: Path | None = None)
                           "give a masked-LM checkpoint (directory or Hub name) instead, or set augment.enabled: false")
     _check_span_windows(p, path)
     _check_unlabeled(p, path)
-    _check_students(p, declared_teacher_dims(p, root), path, root)
+    teacher = declared_teacher_dims(p, root)
+    _check_students(p, teacher, path, root)
+    _check_predicted_teachers(p, teacher, path)
     return p
+
+
+def _check_predicted_teachers(p: Params, teacher: Dims | None, path: str) -> None:
+    """A task whose teacher is known by its predictions (``teacher.predictions``) has students that distil its
+    predictions only: no span task, no augmentation (its new rows have no prediction), no budget (a speedup over a
+    teacher that cannot be timed), no step that reads the teacher's internals or starts from its layers (with the
+    teacher's dims: known here for a local or scratch teacher)."""
+    from distillery.recipes import direct_plan, task_plan
+    from distillery.task_kinds import is_span
+    from distillery.training.plan import runnable_teacher_needed
+
+    for task in p.teacher.predictions:
+        key, q = f"teacher.predictions.{task}", p.for_task(task)
+        only = f"task {task}'s teacher is known by its predictions only ({key})"
+        if is_span(task):
+            raise ConfigError(f"{path}: {key}: task {task} is a span task; a predictions file holds each row's class "
+                              "probabilities, logits or score (classification and regression tasks)")
+        if q.augment.enabled:
+            raise ConfigError(f"{path}: augment.enabled: augmentation labels its new rows with the task's fine-tuned "
+                              f"teacher, and {only}; set augment.enabled: false (for this task alone: "
+                              f"per_task.{task}.augment.enabled: false)")
+        for name, recipe in p.students.items():
+            if recipe.budget is not None:
+                raise ConfigError(f"{path}: students.{name}.budget: a budget is a speedup over the teacher, and {only}, "
+                                  "which cannot be timed; give the student a shape")
+            if teacher is None:
+                continue
+            for plan in (task_plan(recipe, teacher, q.task_distillation), direct_plan(recipe)):
+                if (why := runnable_teacher_needed(plan)) is not None:
+                    raise ConfigError(f"{path}: students.{name}: {why}, and {only}; give a runnable teacher for the task "
+                                      f"(teacher.finetuned.{task}) or a student that distils predictions only (e.g. "
+                                      "pkd with beta: 0, or a recipe's task_distillation: true)")
 
 
 def _check_span_windows(p: Params, path: str) -> None:

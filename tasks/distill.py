@@ -158,7 +158,8 @@ def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
     student, task = split_item(item)
     teacher_gate(p, task)
     out, recipe, opened = paths.student(student, task), recipe_of(p, student), open_task(task_files(p, item), p.seed)
-    plan = task_plan(recipe, Dims.of_config(opened.teacher.config), p.task_distillation)
+    dims = Dims.of_config(opened.teacher.config) if opened.teacher is not None else teacher_dims(p)  # predictions
+    plan = task_plan(recipe, dims, p.task_distillation)
     done = run_plan(plan, opened, p.task_distillation, out)
     result = _keep_best(done.grid, out, done.rows)
     result["curve"] = done.curve

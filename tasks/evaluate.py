@@ -26,6 +26,13 @@ def evaluated_models(p: Params, task: str) -> dict[str, Path]:
     return models
 
 
+def runnable(model_dir: Path) -> bool:
+    """Whether a model directory holds a model (a teacher known by its predictions holds none)."""
+    from distillery.teacher_predictions import is_predicted
+
+    return not is_predicted(model_dir)
+
+
 def present(models: dict[str, Path]) -> dict[str, Path]:
     """The models that were trained: skip records (tasks.stage.write_skipped) left out."""
     return {name: d for name, d in models.items() if skipped(d) is None}
@@ -58,6 +65,11 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
 
     results: dict[str, dict[str, Any]] = {}
     for name, model_dir in present(evaluated_models(p, task)).items():
+        if not runnable(model_dir):  # a teacher known by its predictions: its dev score is the file's
+            metrics = {k.removeprefix("eval_"): v for k, v in json.loads((model_dir / "metrics.json").read_text()).items()}
+            results[name] = {**metrics, "main": kind.main_score(metrics),
+                             "predictions": p.teacher.predictions[task].file}
+            continue
         metrics, test_logits = evaluate(name, model_dir)
         counts = parameter_counts(load_model(model_dir, head=kind.head))
         results[name] = {
@@ -173,14 +185,17 @@ def _add_latency(p: Params, task: str, results: dict[str, dict[str, Any]], sessi
     from distillery.models import load_model
 
     head = task_kind(task).head
-    models = {name: load_model(d, head=head).eval() for name, d in present(evaluated_models(p, task)).items()}
+    models = {name: load_model(d, head=head).eval() for name, d in present(evaluated_models(p, task)).items()
+              if runnable(d)}
+    reference = "teacher" if "teacher" in models else None  # a teacher known by its predictions: no speedups
     bf16 = {f"{name}-bf16": models[name] for name in p.students if name in models} if bf16_served(p) else {}
     for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
         timed = {**models, **bf16, **sessions} if device == "cpu" else models
         for batch in p.evaluation.latency_batch_sizes:
             # the int8 forms in several fresh sessions, as the budget search times them (`time_sessions`)
             table = time_sessions(timed, batch=batch, seq_len=p.evaluation.latency_seq_len,
-                                  reps=p.evaluation.latency_rounds, reference="teacher", device=device,
+                                  reps=p.evaluation.latency_rounds, reference=reference or next(iter(timed)),
+                                  device=device,
                                   precisions=dict.fromkeys(bf16, "bf16"))
             for name, row in table.items():
                 target, suffix = name, ""
@@ -189,9 +204,11 @@ def _add_latency(p: Params, task: str, results: dict[str, dict[str, Any]], sessi
                         target, suffix = name[: -len(form) - 1], f"_{form}"
                 suffix = f"_b{batch}{suffix}" + ("" if device == "cpu" else f"_{device}")
                 results[target].update({
-                    f"latency_ms{suffix}": round(row.median_ms, 3), f"throughput{suffix}": round(row.throughput, 1),
-                    f"speedup{suffix}": round(row.speedup, 3), f"speedup_p10{suffix}": round(row.speedup_p10, 3),
-                    f"speedup_p90{suffix}": round(row.speedup_p90, 3)})
+                    f"latency_ms{suffix}": round(row.median_ms, 3), f"throughput{suffix}": round(row.throughput, 1)})
+                if reference is not None:
+                    results[target].update({
+                        f"speedup{suffix}": round(row.speedup, 3), f"speedup_p10{suffix}": round(row.speedup_p10, 3),
+                        f"speedup_p90{suffix}": round(row.speedup_p90, 3)})
     return results
 
 

@@ -150,6 +150,8 @@ def model_card(p: Params, student: str, task: str, metrics: dict[str, Any]) -> s
     recipe = recipe_of(p, student)
     teacher = (p.teacher.name_or_path if p.teacher.init == "pretrained"
                else f"a {p.teacher.shape.as_spec()} teacher trained from scratch in this pipeline")
+    if task in p.teacher.predictions:
+        teacher = f"a teacher's predictions ({p.teacher.predictions[task].file})"
     dev = {k.removeprefix("dev."): v for k, v in metrics.items() if k.startswith("dev.") and k != "dev.main"}
     meta: dict[str, Any] = {
         "library_name": "transformers",

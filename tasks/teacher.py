@@ -128,8 +128,6 @@ def load_task(task: str, *, unlabeled: bool = False):
 
 
 def run_finetune_teacher(p: Params, task: str) -> dict[str, Any]:
-    from transformers import AutoTokenizer
-
     from distillery.task_kinds import task_kind
     from distillery.training.finetune import finetune
     from distillery.training.spec import TrainRun
@@ -137,9 +135,10 @@ def run_finetune_teacher(p: Params, task: str) -> dict[str, Any]:
     kind = task_kind(task, p.data)
     if task in p.teacher.finetuned:
         return _given_teacher(p, task)
+    if task in p.teacher.predictions:
+        return _predicted_teacher(p, task)
     source = finetune_source(p)
-    own = p.teacher.init == "pretrained" and source == teacher_name(p)  # else a pre-training output, tokenizer inside
-    tokenizer = AutoTokenizer.from_pretrained(str(resolve(p.teacher.tokenizer)) if own and p.teacher.tokenizer else source)
+    tokenizer = teacher_tokenizer(p)
     raw = load_task(task)
     data = kind.encode(raw, tokenizer, p.data.max_length)
     compute, main = kind.metrics(raw["dev"], data["dev"], tokenizer.pad_token_id)
@@ -149,6 +148,44 @@ def run_finetune_teacher(p: Params, task: str) -> dict[str, Any]:
                                                  args=p.teacher_finetune.train_args(p.seed, **kind.train_args)))
     final = finish(out)
     return {"curve": final / "train_log.csv", "metrics_file": final / "metrics.json"}
+
+
+def teacher_tokenizer(p: Params):
+    """The tokenizer of the task teachers: `teacher.tokenizer`, else that of where fine-tuning starts (a pre-training
+    output holds its own)."""
+    from transformers import AutoTokenizer
+
+    source = finetune_source(p)
+    own = p.teacher.init == "pretrained" and source == teacher_name(p)
+    return AutoTokenizer.from_pretrained(str(resolve(p.teacher.tokenizer)) if own and p.teacher.tokenizer else source)
+
+
+def _predicted_teacher(p: Params, task: str) -> dict[str, Any]:
+    """A teacher known by its predictions (`teacher.predictions.<task>`): the file checked whole against the task
+    (every training, unlabelled and dev row covered), its dev score computed from it (what the gate reads), and the
+    training rows' soft targets saved as the task's teacher with the students' tokenizer; no model, nothing trained."""
+    import numpy as np
+
+    from distillery import glue, teacher_predictions
+    from distillery.io import atomic_dir, write_json
+    from distillery.task_kinds import task_kind
+
+    kind = task_kind(task, p.data)
+    given = p.teacher.predictions[task]
+    predictions = teacher_predictions.read(resolve(given.file), kind.spec, given.values, f"teacher.predictions.{task}")
+    data = load_task(task, unlabeled=True)
+    dev = teacher_predictions.logits_for(predictions, data["dev"], "dev")
+    metrics = glue.compute_metrics(task, dev, data["dev"]["label"][:])
+    rows = [(data[s]["idx"][:], teacher_predictions.logits_for(predictions, data[s], s))
+            for s in ("train", "unlabeled") if s in data]
+    with atomic_dir(paths.teacher(task) / "model") as tmp:
+        teacher_tokenizer(p).save_pretrained(tmp)
+        teacher_predictions.save_soft_targets(tmp, np.concatenate([np.asarray(i) for i, _ in rows]),
+                                              np.concatenate([v for _, v in rows]),
+                                              {"file": str(given.file), "values": given.values})
+        write_json(tmp / "metrics.json", {f"eval_{k}": v for k, v in metrics.items()})
+    return {"metrics": {f"dev_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))},
+            "metrics_file": paths.teacher_metrics(task)}
 
 
 def _given_teacher(p: Params, task: str) -> dict[str, Any]:
@@ -256,6 +293,16 @@ def _given_teacher_deps(p: Params, task: str) -> list[Path]:
     return [local] if local.exists() else []
 
 
+def _teacher_deps(p: Params, task: str) -> list[Path]:
+    """What the task's teacher is made from: the model given fine-tuned, or the predictions file and the tokenizer's
+    source, or where fine-tuning starts."""
+    if task in p.teacher.finetuned:
+        return _given_teacher_deps(p, task)
+    if task in p.teacher.predictions:
+        return [resolve(p.teacher.predictions[task].file)] + _finetune_source_deps(p)
+    return _finetune_source_deps(p)
+
+
 PRETRAIN = Stage(
     "pretrain", run_pretrain, device="shared", distributed=True, curve=True,
     deps=lambda p, _: _pretrain_deps(p),
@@ -266,13 +313,12 @@ PRETRAIN = Stage(
 )
 FINETUNE_TEACHER = Stage(
     "finetune_teacher", run_finetune_teacher, device="shared", distributed=True, curve=True,
-    deps=lambda p, t: [paths.task_data(t)] + (_given_teacher_deps(p, t) if t in p.teacher.finetuned
-                                              else _finetune_source_deps(p)),
+    deps=lambda p, t: [paths.task_data(t)] + _teacher_deps(p, t),
     outs=lambda p, t: [paths.teacher(t) / "model"],
     params=lambda p, t: {"seed": p.seed, **encoding(p, t),
                          "teacher_finetune": p.teacher_finetune.model_dump(
                              mode="json", exclude={"min_gain_over_trivial", "stop_on_failed_gate"}),
                          "teacher": p.teacher.model_dump(mode="json")},
     code=("distillery/training", "distillery/models.py", "distillery/glue", "distillery/squad",
-          "distillery/task_kinds.py", "tasks/teacher.py"),
+          "distillery/task_kinds.py", "distillery/teacher_predictions.py", "tasks/teacher.py"),
 )

@@ -78,7 +78,8 @@ def compute_teacher_logits(
     progress: bool = True,
 ) -> torch.Tensor:
     """Teacher logits (N, C) in dataset order: one eval-mode, no-grad forward per example, at the precision in force
-    (`distillery.precision`)."""
+    (`distillery.precision`). The global random state is left as it was (a loader draws from it): a student built
+    after it starts alike whether the logits were computed, read from the cache or given (`teacher_predictions`)."""
     was_training = teacher.training
     teacher.eval()
     device = torch.device(device) if device is not None else next(teacher.parameters()).device
@@ -92,7 +93,7 @@ def compute_teacher_logits(
                         **dataloader_kwargs(device))
     out = []
     try:
-        with precision.forwards(teacher, device):
+        with precision.forwards(teacher, device), torch.random.fork_rng(devices=[]):
             for batch in tqdm(loader, desc="teacher logits", disable=not progress):
                 batch = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k in accepted}
                 out.append(teacher(**batch).logits.float())  # on the device: no wait for it each batch

@@ -131,6 +131,22 @@ class Plan:
         return [f"{i}. {s.describe(sections, general)}" for i, s in enumerate(self.steps, 1)]
 
 
+def runnable_teacher_needed(plan: Plan) -> str | None:
+    """Why ``plan`` needs a teacher it can run on the task, in words: a step whose loss reads the teacher's internals,
+    or one that starts from the fine-tuned teacher's layers; None when the teacher's predictions are enough."""
+    from distillery.objectives.registry import TERMS
+
+    for step in plan.steps:
+        reads = [n for n in (step.loss.objectives.active() if step.loss is not None else ()) if TERMS[n].features]
+        if reads:
+            return f"its task step {step.name} reads the teacher's internals ({', '.join(reads)})"
+        start = step.start
+        if start.kind in ("student", "init") and start.recipe.init.kind in ("teacher_layers", "pruned") \
+                and not start.pretrained:
+            return f"its task step {step.name} starts from the fine-tuned teacher's layers (init {start.recipe.init.kind})"
+    return None
+
+
 def _shape(recipe) -> str:
     s = recipe.shape.resolve()
     return f"{s.layers} x {s.hidden} ({s.heads} heads, FFN {s.intermediate})"
@@ -197,6 +213,7 @@ def start_factory(start: Start, task: Task, done: Mapping[str, Any], sections: A
             return task.load(task.general)
     else:
         recipe, from_pretrained = start.recipe, start.pretrained and task.pretrained is not None
+        from_pretrained = from_pretrained or task.teacher is None  # a predicted teacher: its shape is the pre-trained's
 
         def factory():
             teacher = task.load(task.pretrained) if from_pretrained else task.teacher
@@ -265,6 +282,10 @@ def _grid(step: Step, task: Task, sections: Any, start, out: Path, shared_logits
     grid = section.grid(cache=step.cache_logits and task.caches_logits)
     if shared_logits is not None:
         grid = replace(grid, cache_dir=out / shared_logits)
+    if step.loss is not None and task.soft_targets is not None:  # a teacher known by its predictions
+        from distillery.teacher_predictions import with_soft_targets
+
+        train, grid = with_soft_targets(train, task.soft_targets), replace(grid, cache_teacher_logits=False)
     compute, main = task.metrics
     run = TrainRun(out / step.name, train, dev, tokenizer=task.tokenizer, compute_metrics=compute, main_score=main,
                    args=section.run_args(task.seed, **task.train_args))

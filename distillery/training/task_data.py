@@ -42,7 +42,9 @@ class Task:
     """A task as the steps read it: the fine-tuned teacher, its tokenizer, the label settings every student is built
     with, the model head, and the training and dev sets (``sets``: (augmented, unlabeled) -> (train, dev, rows), or
     read from ``files`` on first use). ``train_args``: the task kind's own TrainingArguments (label names, length
-    grouping); ``metrics``: (compute_metrics, main_score) of a grid's selection on dev."""
+    grouping); ``metrics``: (compute_metrics, main_score) of a grid's selection on dev. A teacher known by its
+    predictions (`distillery.teacher_predictions`) is no model (``teacher`` None) but ``soft_targets``: row idx ->
+    its logits."""
 
     teacher: Any
     tokenizer: Any
@@ -60,6 +62,7 @@ class Task:
     train_examples: int | None = None
     seed: int = 42
     rows: dict[str, int] = field(default_factory=dict)
+    soft_targets: Mapping[int, Any] | None = None
 
     def data(self, augmented: bool, unlabeled: bool = False) -> tuple[Any, Any]:
         """(train, dev), encoded; the rows of each kind the steps read are counted in ``rows``. ``augmented`` and
@@ -103,13 +106,17 @@ def open_task(files: TaskFiles, seed: int) -> Task:
 
     from distillery.models import load_model
 
+    from distillery.teacher_predictions import is_predicted, load_soft_targets
+
     kind = files.kind
     tokenizer = AutoTokenizer.from_pretrained(str(files.teacher))
-    teacher = load_model(files.teacher, head=kind.head)
-    task = Task(teacher=teacher, tokenizer=tokenizer, labels=kind.model_kwargs(teacher.config), head=kind.head,
-                files=files, train_args=kind.train_args, general=files.general, pretrained=files.pretrained,
-                augmented=files.augmented is not None, unlabeled=files.unlabeled,
-                caches_logits=kind.caches_teacher_logits, train_examples=files.train_examples, seed=seed)
+    predicted = is_predicted(files.teacher)
+    teacher = None if predicted else load_model(files.teacher, head=kind.head)
+    task = Task(teacher=teacher, tokenizer=tokenizer, labels=kind.model_kwargs(teacher and teacher.config),
+                head=kind.head, files=files, train_args=kind.train_args, general=files.general,
+                pretrained=files.pretrained, augmented=files.augmented is not None, unlabeled=files.unlabeled,
+                caches_logits=kind.caches_teacher_logits, train_examples=files.train_examples, seed=seed,
+                soft_targets=load_soft_targets(files.teacher) if predicted else None)
     task.metrics = kind.training_metrics(lambda: (load_prepared(files.prepared)["dev"], task.data(False)[1]),
                                          tokenizer.pad_token_id)
     return task
