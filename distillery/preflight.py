@@ -271,6 +271,15 @@ def check_inputs(p: Params, path: str = "params.yaml", root: Path | None = None)
         for split in CUSTOM_SPLITS:
             if getattr(own, split) is not None:
                 _check_file(getattr(own, split), root, f"data.custom.{name}.{split}", path)
+    for task, given in t.predictions.items():  # read whole: its format and values (its rows: by the teacher stage)
+        from distillery import teacher_predictions
+        from distillery.glue.tasks import get_task
+
+        key = f"teacher.predictions.{task}"
+        try:
+            teacher_predictions.read(_check_file(given.file, root, key, path), get_task(task), given.values, key)
+        except teacher_predictions.PredictionsError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
     if p.corpus.source == "files":
         for i, entry in enumerate(p.corpus.paths):
             local = _check_file(entry, root, f"corpus.paths[{i}]", path, directory_ok=True)

@@ -202,6 +202,18 @@ def test_students_that_need_a_runnable_teacher_are_refused_before_any_work(tmp_p
         load_params(tmp_path / "params.yaml")
 
 
+def test_a_bad_predictions_file_stops_the_run_before_any_work(tmp_path):
+    from distillery.config import ConfigError
+    from distillery.preflight import load_params
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(_params(tmp_path)))
+    with pytest.raises(ConfigError, match=r"teacher.predictions.reviews: .*p.jsonl not found"):
+        load_params(tmp_path / "params.yaml", inputs=True)
+    _jsonl(tmp_path / "reviews" / "p.jsonl", [{"text": "a", "pan": 0.5, "praise": 0.6}])
+    with pytest.raises(ConfigError, match=r"teacher.predictions.reviews: .*p.jsonl:1: probabilities \[0.5, 0.6\]"):
+        load_params(tmp_path / "params.yaml", inputs=True)
+
+
 def test_a_student_distils_from_a_predictions_file_alone_end_to_end(tmp_path):
     """A micro pipeline whose teacher is a file of probabilities keyed by text (an LLM's, say: right on 90% of the
     rows): the teacher stage scores dev from it and passes the gate, BERT-PKD's KD row (beta 0) distils from it at
