@@ -18,7 +18,7 @@ COMMAND_MODULES = [
     "distillery.efficiency.cli",
     "distillery.squad.cli",
     "distillery.recipes.cli",
-    "distillery.teacher_predictions",
+    "distillery.predict",
 ]
 
 

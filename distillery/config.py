@@ -263,6 +263,23 @@ def _predictions_file(v: Any) -> Any:
     return {"file": v} if isinstance(v, str) else v
 
 
+class EnsembleMember(Section):
+    """One teacher of an ensemble: a fine-tuned classifier (a model directory with its own tokenizer) or a predictions
+    file; ``weight``: its share of the mean of the members' probabilities (regression: of their scores)."""
+
+    model: str | None = None
+    predictions: str | None = None
+    values: Literal["probabilities", "logits"] = "probabilities"  # a predictions file's
+    weight: float = Field(1.0, gt=0)
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # its report row: teacher-<name>
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "EnsembleMember":
+        if (self.model is None) == (self.predictions is None):
+            raise ValueError("give a member either `model` (a fine-tuned classifier) or `predictions` (a file)")
+        return self
+
+
 class TeacherSection(Section):
     # "scratch": a fresh model of `shape` (demo); otherwise a local directory or Hub name.
     init: Literal["scratch", "pretrained"] = "scratch"
@@ -277,6 +294,13 @@ class TeacherSection(Section):
     # students distil from it at prediction level, and the task's dev score is the file's
     predictions: dict[str, Annotated[PredictionsSection, BeforeValidator(_predictions_file)]] = \
         Field(default_factory=dict)
+    # several teachers per task: the soft targets are the weighted mean of their probabilities (or scores); students
+    # distil from it at prediction level, as from `predictions`
+    ensemble: dict[str, list[EnsembleMember]] = Field(default_factory=dict)
+
+    def predicted(self, task: str) -> bool:
+        """Whether the task's teacher is known by predictions only (a file, or an ensemble's mean): no model."""
+        return task in self.predictions or task in self.ensemble
 
     @model_validator(mode="after")
     def _consistent(self) -> "TeacherSection":
@@ -532,13 +556,20 @@ class Params(Section):
     @classmethod
     def _finetuned_tasks(cls, v: TeacherSection, info: ValidationInfo) -> TeacherSection:
         data = info.data.get("data")
-        for key in ("finetuned", "predictions"):
+        keys = ("finetuned", "predictions", "ensemble")
+        for i, key in enumerate(keys):
             for task in getattr(v, key):
                 if data is not None and task not in data.tasks:
                     raise ValueError(f"{key}: {task!r} is not in data.tasks ({', '.join(data.tasks)})")
-        if both := sorted(set(v.finetuned) & set(v.predictions)):
-            raise ValueError(f"predictions: {both[0]!r} has a fine-tuned teacher too (teacher.finetuned); give one "
-                             "teacher per task")
+                if other := [k for k in keys[:i] if task in getattr(v, k)]:
+                    raise ValueError(f"{key}: {task!r} has a teacher in teacher.{other[0]} too; give one teacher per "
+                                     "task (several: teacher.ensemble)")
+        for task, members in v.ensemble.items():
+            names = [m.name for m in members if m.name is not None]
+            if len(members) < 2:
+                raise ValueError(f"ensemble.{task}: an ensemble has two teachers or more, got {len(members)}")
+            if len(set(names)) != len(names):
+                raise ValueError(f"ensemble.{task}: member names must differ, got {names}")
         return v
 
     @field_validator("per_task")

@@ -101,12 +101,13 @@ def _check_predicted_teachers(p: Params, teacher: Dims | None, path: str) -> Non
     from distillery.task_kinds import is_span
     from distillery.training.plan import runnable_teacher_needed
 
-    for task in p.teacher.predictions:
-        key, q = f"teacher.predictions.{task}", p.for_task(task)
+    for task in [t for t in p.data.tasks if p.teacher.predicted(t)]:
+        key = f"teacher.{'predictions' if task in p.teacher.predictions else 'ensemble'}.{task}"
+        q = p.for_task(task)
         only = f"task {task}'s teacher is known by its predictions only ({key})"
         if is_span(task):
-            raise ConfigError(f"{path}: {key}: task {task} is a span task; a predictions file holds each row's class "
-                              "probabilities, logits or score (classification and regression tasks)")
+            raise ConfigError(f"{path}: {key}: task {task} is a span task; a teacher known by predictions gives each "
+                              "row's class probabilities, logits or score (classification and regression tasks)")
         if q.augment.enabled:
             raise ConfigError(f"{path}: augment.enabled: augmentation labels its new rows with the task's fine-tuned "
                               f"teacher, and {only}; set augment.enabled: false (for this task alone: "
@@ -271,13 +272,26 @@ def check_inputs(p: Params, path: str = "params.yaml", root: Path | None = None)
         for split in CUSTOM_SPLITS:
             if getattr(own, split) is not None:
                 _check_file(getattr(own, split), root, f"data.custom.{name}.{split}", path)
-    for task, given in t.predictions.items():  # read whole: its format and values (its rows: by the teacher stage)
+    files = [(task, f"teacher.predictions.{task}", given.file, given.values) for task, given in t.predictions.items()]
+    for task, members in t.ensemble.items():
+        for i, m in enumerate(members):
+            key = f"teacher.ensemble.{task}[{i}]"
+            if m.predictions is not None:
+                files.append((task, key, m.predictions, m.values))
+            elif (config := _check_model_ref(m.model, root, key, path, "fine-tuned teacher")) is not None \
+                    and resolve_path(m.model, root).is_dir():
+                from distillery.models import ModelFilesError, check_model_files
+
+                try:
+                    check_model_files(config.parent, key)
+                except ModelFilesError as exc:
+                    raise ConfigError(f"{path}: {exc}") from None
+    for task, key, file, values in files:  # read whole: format and values (its rows: by the teacher stage)
         from distillery import teacher_predictions
         from distillery.glue.tasks import get_task
 
-        key = f"teacher.predictions.{task}"
         try:
-            teacher_predictions.read(_check_file(given.file, root, key, path), get_task(task), given.values, key)
+            teacher_predictions.read(_check_file(file, root, key, path), get_task(task), values, key)
         except teacher_predictions.PredictionsError as exc:
             raise ConfigError(f"{path}: {exc}") from None
     if p.corpus.source == "files":

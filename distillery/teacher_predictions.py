@@ -29,6 +29,8 @@ from distillery.errors import UserError
 TOLERANCE = 1e-3
 #: the training rows' soft targets in a predicted teacher's directory (no model weights beside them)
 SOFT_TARGETS = "soft_targets.safetensors"
+#: an ensemble's members and their dev metrics, beside its soft targets
+MEMBERS = "members.json"
 SPLITS = ("train", "dev", "unlabeled")
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _LOG_TINY = float(np.log(np.finfo(np.float32).tiny))  # the logit of a probability of 0
@@ -212,25 +214,16 @@ def write(model_dir: Path, task: str, data, out: Path, max_length: int,
     pipeline's logits cache computes (`distillery.training.logits_cache.compute_teacher_logits`)."""
     import json
 
-    import datasets
     import torch
-    from transformers import AutoTokenizer
 
     from distillery.glue.tasks import get_task
     from distillery.io import atomic_path
-    from distillery.models import load_model
-    from distillery.task_kinds import task_kind
-    from distillery.training.logits_cache import compute_teacher_logits
 
-    kind, spec = task_kind(task), get_task(task)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    model = load_model(model_dir, head=kind.head)
+    spec = get_task(task)
     columns = value_columns(spec)
     n = 0
     with atomic_path(Path(out)) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        for split in (s for s in SPLITS if s in data):
-            encoded = kind.encode(datasets.DatasetDict({split: data[split]}), tokenizer, max_length)[split]
-            logits = compute_teacher_logits(model, encoded, tokenizer=tokenizer, progress=False)
+        for split, logits in model_logits(model_dir, task, data, max_length).items():
             if values == "probabilities" and not spec.is_regression:
                 logits = torch.softmax(logits.double(), -1)
             for idx, row in zip(data[split]["idx"][:], logits.tolist()):
@@ -239,28 +232,38 @@ def write(model_dir: Path, task: str, data, out: Path, max_length: int,
     return n
 
 
-def _predict(args) -> int:
-    from distillery.preflight import load_params
-    from distillery.training.task_data import load_prepared
+def model_logits(model_dir: Path, task: str, data, max_length: int) -> dict[str, Any]:
+    """split -> (N, C) logits of a saved classifier on every row of the prepared task `data` (train, unlabelled, dev),
+    each text tokenised by the model's own tokenizer, as the pipeline's logits cache computes them."""
+    import datasets
+    from transformers import AutoTokenizer
 
-    from distillery import precision
+    from distillery.models import load_model
+    from distillery.task_kinds import task_kind
+    from distillery.training.logits_cache import compute_teacher_logits
 
-    p = load_params(args.params).for_task(args.task)  # registers the params' tasks of your own
-    data = load_prepared(Path(args.data or Path(args.params).resolve().parent / "data" / "tasks" / args.task),
-                         unlabeled=True)
-    with precision.use(p.precision):  # as the pipeline's logits cache computes them
-        n = write(Path(args.model), args.task, data, Path(args.out), p.data.max_length, args.values)
-    print(f"{args.out}: {n} rows ({args.values}) of {args.task} from {args.model}")
-    return 0
+    kind = task_kind(task)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = load_model(model_dir, head=kind.head)
+    out = {}
+    for split in (s for s in SPLITS if s in data):
+        encoded = kind.encode(datasets.DatasetDict({split: data[split]}), tokenizer, max_length)[split]
+        out[split] = compute_teacher_logits(model, encoded, tokenizer=tokenizer, progress=False)
+    return out
 
 
-def add_commands(subparsers) -> None:
-    cmd = subparsers.add_parser("predict", help="a saved classifier's predictions of a prepared task, as a teacher's "
-                                                "predictions file (teacher.predictions)")
-    cmd.add_argument("model", help="the saved model directory (e.g. models/teacher/sst2/model)")
-    cmd.add_argument("--task", required=True, help="the task (its rows: <project>/data/tasks/<task>)")
-    cmd.add_argument("--out", required=True, help="the JSON Lines file to write")
-    cmd.add_argument("--params", default="params.yaml", help="the project's params (its max_length, its own tasks)")
-    cmd.add_argument("--data", help="the prepared task directory (default: data/tasks/<task> beside the params)")
-    cmd.add_argument("--values", choices=("probabilities", "logits"), default="probabilities")
-    cmd.set_defaults(func=_predict)
+def mean(members: list[tuple[dict[str, Any], float]], spec) -> dict[str, np.ndarray]:
+    """An ensemble's logits per split from its members' (split -> (N, C) logits, weight): the log of the weighted mean
+    of their probabilities (regression: the weighted mean of their scores)."""
+    import torch
+
+    total = sum(w for _, w in members)
+    out = {}
+    for split in members[0][0]:
+        parts = [torch.as_tensor(np.asarray(logits[split]), dtype=torch.float64) for logits, _ in members]
+        if spec.is_regression:
+            out[split] = (sum(w * x for x, (_, w) in zip(parts, members)) / total).float().numpy()
+        else:
+            probs = sum(w * torch.softmax(x, -1) for x, (_, w) in zip(parts, members)) / total
+            out[split] = probs.log().clamp_min(_LOG_TINY).float().numpy()
+    return out

@@ -33,6 +33,23 @@ def runnable(model_dir: Path) -> bool:
     return not is_predicted(model_dir)
 
 
+def _predicted_rows(p: Params, task: str, model_dir: Path) -> dict[str, dict[str, Any]]:
+    """The rows of a teacher known by predictions (`distillery.teacher_predictions`): its dev metrics as the teacher
+    stage computed them and where they came from; an ensemble's members' rows too (``member_of``: teacher)."""
+    from distillery.teacher_predictions import MEMBERS
+
+    kind = task_kind(task, p.data)
+    metrics = {k.removeprefix("eval_"): v for k, v in json.loads((model_dir / "metrics.json").read_text()).items()}
+    given = p.teacher.predictions.get(task)
+    rows = {"teacher": {**metrics, "main": kind.main_score(metrics),
+                        "predictions": given.file if given is not None else "ensemble"}}
+    if (model_dir / MEMBERS).is_file():
+        for name, row in json.loads((model_dir / MEMBERS).read_text()).items():
+            scores = {k: v for k, v in row.items() if k not in ("weight", "source")}
+            rows[name] = {**row, "main": kind.main_score(scores), "member_of": "teacher"}
+    return rows
+
+
 def present(models: dict[str, Path]) -> dict[str, Path]:
     """The models that were trained: skip records (tasks.stage.write_skipped) left out."""
     return {name: d for name, d in models.items() if skipped(d) is None}
@@ -65,10 +82,8 @@ def run_evaluate(p: Params, task: str) -> dict[str, Any]:
 
     results: dict[str, dict[str, Any]] = {}
     for name, model_dir in present(evaluated_models(p, task)).items():
-        if not runnable(model_dir):  # a teacher known by its predictions: its dev score is the file's
-            metrics = {k.removeprefix("eval_"): v for k, v in json.loads((model_dir / "metrics.json").read_text()).items()}
-            results[name] = {**metrics, "main": kind.main_score(metrics),
-                             "predictions": p.teacher.predictions[task].file}
+        if not runnable(model_dir):  # a teacher known by predictions: its dev score is theirs; an ensemble's members
+            results.update(_predicted_rows(p, task, model_dir))
             continue
         metrics, test_logits = evaluate(name, model_dir)
         counts = parameter_counts(load_model(model_dir, head=kind.head))

@@ -152,6 +152,8 @@ def model_card(p: Params, student: str, task: str, metrics: dict[str, Any]) -> s
                else f"a {p.teacher.shape.as_spec()} teacher trained from scratch in this pipeline")
     if task in p.teacher.predictions:
         teacher = f"a teacher's predictions ({p.teacher.predictions[task].file})"
+    elif task in p.teacher.ensemble:
+        teacher = f"an ensemble of {len(p.teacher.ensemble[task])} teachers (the mean of their probabilities)"
     dev = {k.removeprefix("dev."): v for k, v in metrics.items() if k.startswith("dev.") and k != "dev.main"}
     meta: dict[str, Any] = {
         "library_name": "transformers",

@@ -135,7 +135,7 @@ def run_finetune_teacher(p: Params, task: str) -> dict[str, Any]:
     kind = task_kind(task, p.data)
     if task in p.teacher.finetuned:
         return _given_teacher(p, task)
-    if task in p.teacher.predictions:
+    if p.teacher.predicted(task):
         return _predicted_teacher(p, task)
     source = finetune_source(p)
     tokenizer = teacher_tokenizer(p)
@@ -161,9 +161,10 @@ def teacher_tokenizer(p: Params):
 
 
 def _predicted_teacher(p: Params, task: str) -> dict[str, Any]:
-    """A teacher known by its predictions (`teacher.predictions.<task>`): the file checked whole against the task
-    (every training, unlabelled and dev row covered), its dev score computed from it (what the gate reads), and the
-    training rows' soft targets saved as the task's teacher with the students' tokenizer; no model, nothing trained."""
+    """A teacher known by predictions (`teacher.predictions.<task>`, or the mean of `teacher.ensemble.<task>`'s
+    members): checked whole against the task (every training, unlabelled and dev row covered), its dev score computed
+    from them (what the gate reads; an ensemble's members' too), and the training rows' soft targets saved as the
+    task's teacher with the students' tokenizer; no model, nothing trained."""
     import numpy as np
 
     from distillery import glue, teacher_predictions
@@ -171,39 +172,70 @@ def _predicted_teacher(p: Params, task: str) -> dict[str, Any]:
     from distillery.task_kinds import task_kind
 
     kind = task_kind(task, p.data)
-    given = p.teacher.predictions[task]
-    predictions = teacher_predictions.read(resolve(given.file), kind.spec, given.values, f"teacher.predictions.{task}")
     data = load_task(task, unlabeled=True)
-    dev = teacher_predictions.logits_for(predictions, data["dev"], "dev")
-    metrics = glue.compute_metrics(task, dev, data["dev"]["label"][:])
-    rows = [(data[s]["idx"][:], teacher_predictions.logits_for(predictions, data[s], s))
-            for s in ("train", "unlabeled") if s in data]
+    splits = [s for s in teacher_predictions.SPLITS if s in data]
+    labels = data["dev"]["label"][:]
+
+    def from_file(file: str, values: str, key: str) -> dict[str, Any]:
+        predictions = teacher_predictions.read(resolve(file), kind.spec, values, key)
+        return {s: teacher_predictions.logits_for(predictions, data[s], s) for s in splits}
+
+    members: dict[str, dict[str, Any]] = {}
+    if task in p.teacher.predictions:
+        given = p.teacher.predictions[task]
+        logits, meta = from_file(given.file, given.values, f"teacher.predictions.{task}"), given.model_dump()
+    else:
+        parts = []
+        for i, member in enumerate(p.teacher.ensemble[task]):
+            key = f"teacher.ensemble.{task}[{i}]"
+            if member.model is not None:
+                one = {s: x.numpy() for s, x in teacher_predictions.model_logits(
+                    _checked_classifier(kind, member.model, key), task, data, p.data.max_length).items()}
+            else:
+                one = from_file(member.predictions, member.values, key)
+            parts.append((one, member.weight))
+            members[f"teacher-{member.name or i + 1}"] = {
+                **glue.compute_metrics(task, one["dev"], labels), "weight": member.weight,
+                "source": member.model or member.predictions}
+        logits, meta = teacher_predictions.mean(parts, kind.spec), {"ensemble": str(len(parts))}
+    metrics = glue.compute_metrics(task, logits["dev"], labels)
+    train = [s for s in splits if s != "dev"]
     with atomic_dir(paths.teacher(task) / "model") as tmp:
         teacher_tokenizer(p).save_pretrained(tmp)
-        teacher_predictions.save_soft_targets(tmp, np.concatenate([np.asarray(i) for i, _ in rows]),
-                                              np.concatenate([v for _, v in rows]),
-                                              {"file": str(given.file), "values": given.values})
+        teacher_predictions.save_soft_targets(tmp, np.concatenate([np.asarray(data[s]["idx"][:]) for s in train]),
+                                              np.concatenate([logits[s] for s in train]),
+                                              {k: str(v) for k, v in meta.items()})
         write_json(tmp / "metrics.json", {f"eval_{k}": v for k, v in metrics.items()})
+        if members:
+            write_json(tmp / teacher_predictions.MEMBERS, members)
     return {"metrics": {f"dev_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))},
             "metrics_file": paths.teacher_metrics(task)}
+
+
+def _checked_classifier(kind, ref: str, key: str) -> str:
+    """A fine-tuned classifier given by the user, checked whole (its files, its head against the task) before it
+    runs; where it loads from."""
+    from transformers import AutoConfig
+
+    from distillery.models import check_model_files
+
+    source = model_ref(ref)
+    if Path(source).is_dir():  # checked whole, before anything loads it (a Hub model: by the Hub's own files)
+        check_model_files(source, key)
+    kind.check_head(AutoConfig.from_pretrained(source, trust_remote_code=False), f"{key}: {ref}")
+    return source
 
 
 def _given_teacher(p: Params, task: str) -> dict[str, Any]:
     """A teacher the user already fine-tuned (`teacher.finetuned.<task>`): its head checked against the task, saved
     as the task's teacher with its dev metrics (what the gate and the students read), nothing trained."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from distillery.io import atomic_dir, write_json
-    from distillery.models import check_model_files
     from distillery.task_kinds import task_kind
 
     kind = task_kind(task, p.data)
-    ref = p.teacher.finetuned[task]
-    source = model_ref(ref)
-    key = f"teacher.finetuned.{task}"
-    if Path(source).is_dir():  # checked whole, before anything loads it (a Hub model: by the Hub's own files)
-        check_model_files(source, key)
-    kind.check_head(AutoConfig.from_pretrained(source, trust_remote_code=False), f"{key}: {ref}")
+    source = _checked_classifier(kind, p.teacher.finetuned[task], f"teacher.finetuned.{task}")
     # the task's label names; every tensor of its config, its head's too
     model, tokenizer = kind.load_teacher(source, complete=True), AutoTokenizer.from_pretrained(source)
     with atomic_dir(paths.teacher(task) / "model") as tmp:
@@ -300,6 +332,9 @@ def _teacher_deps(p: Params, task: str) -> list[Path]:
         return _given_teacher_deps(p, task)
     if task in p.teacher.predictions:
         return [resolve(p.teacher.predictions[task].file)] + _finetune_source_deps(p)
+    if task in p.teacher.ensemble:
+        given = [Path(model_ref(m.model)) if m.model else resolve(m.predictions) for m in p.teacher.ensemble[task]]
+        return [g for g in given if g.exists()] + _finetune_source_deps(p)
     return _finetune_source_deps(p)
 
 

@@ -188,7 +188,17 @@ def _params(tmp_path, **over):
     ({"teacher": {**ONE_STUDENT["teacher"], "predictions": {"sst2": "p.jsonl"}}},
      r"teacher: .*predictions: 'sst2' is not in data.tasks"),
     ({"teacher": {**ONE_STUDENT["teacher"], "predictions": {"reviews": "p.jsonl"}, "finetuned": {"reviews": "t"}}},
-     r"predictions: 'reviews' has a fine-tuned teacher too"),
+     r"predictions: 'reviews' has a teacher in teacher.finetuned too"),
+    ({"teacher": {**ONE_STUDENT["teacher"], "predictions": {}, "ensemble": {"reviews": [{"predictions": "p.jsonl"}]}}},
+     r"ensemble.reviews: an ensemble has two teachers or more, got 1"),
+    ({"teacher": {**ONE_STUDENT["teacher"], "predictions": {},
+                  "ensemble": {"reviews": [{"predictions": "p.jsonl", "model": "m"}, {"predictions": "q.jsonl"}]}}},
+     r"give a member either `model` \(a fine-tuned classifier\) or `predictions`"),
+    ({"teacher": {**ONE_STUDENT["teacher"], "predictions": {},
+                  "ensemble": {"reviews": [{"predictions": "p.jsonl"}, {"predictions": "q.jsonl"}]}},
+      "students": {"pkd": {"recipe": "pkd", "shape": {"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64}}}},
+     r"students.pkd: its task step grid reads the teacher's internals \(patient_loss\), and task reviews's teacher is "
+     r"known by its predictions only \(teacher.ensemble.reviews\)"),
 ])
 def test_students_that_need_a_runnable_teacher_are_refused_before_any_work(tmp_path, over, match):
     from distillery.config import ConfigError
@@ -239,3 +249,51 @@ def test_a_student_distils_from_a_predictions_file_alone_end_to_end(tmp_path):
     assert kd["retention"] > 0 and kd["train_rows_gold"] == 120 and "latency_ms_b1" in kd
     assert not any(k.startswith("speedup") for k in kd), kd
     assert "kd-direct" in summary
+
+
+def test_an_ensemble_is_the_weighted_mean_of_its_teachers_probabilities_float64():
+    from distillery.teacher_predictions import mean
+
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(5, 3, dtype=torch.float64, generator=g) for _ in range(2))
+    got = mean([({"dev": a.float().numpy()}, 1.0), ({"dev": b.float().numpy()}, 3.0)], _spec("mnli"))["dev"]
+    want = (0.25 * a.float().double().softmax(-1) + 0.75 * b.float().double().softmax(-1))
+    assert torch.allclose(torch.from_numpy(got).double().softmax(-1), want, atol=1e-6, rtol=0)
+    s1, s2 = np.array([[1.0], [-2.0]], np.float32), np.array([[3.0], [0.0]], np.float32)
+    assert mean([({"dev": s1}, 1.0), ({"dev": s2}, 1.0)], _spec("stsb"))["dev"].tolist() == [[2.0], [-1.0]]
+
+
+def test_an_ensemble_of_a_roberta_classifier_and_a_predictions_file_distils_end_to_end(tmp_path):
+    """Two teachers of different kinds: a RoBERTa-type classifier with a tokenizer of its own (not the students') and a
+    predictions file, weighted 1 and 3: the teacher stage scores each and their mean, the report has a row per
+    teacher and the ensemble's, the student distils from the mean of their probabilities."""
+    import transformers
+
+    (tmp_path / "tok").mkdir()
+    tok = tokenizer(tmp_path / "tok")
+    torch.manual_seed(0)
+    roberta = transformers.RobertaForSequenceClassification(transformers.RobertaConfig(
+        vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=40, pad_token_id=0, num_labels=2))
+    roberta.save_pretrained(tmp_path / "roberta")
+    tok.save_pretrained(tmp_path / "roberta")
+    params = _params(tmp_path)
+    params["teacher"] = {**ONE_STUDENT["teacher"], "ensemble": {"reviews": [
+        {"model": str(tmp_path / "roberta"), "name": "roberta"},
+        {"predictions": str(tmp_path / "reviews" / "p.jsonl"), "weight": 3, "name": "llm"}]}}
+    project = make_project(tmp_path / "project", params, dvc_yaml=False)
+    rows = []
+    for split in ("train", "dev"):
+        with (tmp_path / "reviews" / f"{split}.csv").open(encoding="utf-8") as f:
+            for i, r in enumerate(csv.DictReader(f)):
+                rows.append({"text": r["review"], "pan": float(r["verdict"] == "pan"),
+                             "praise": float(r["verdict"] == "praise")})
+    _jsonl(tmp_path / "reviews" / "p.jsonl", rows)
+    run([sys.executable, "-m", "flows.stage", "all"], project)
+    summary = json.loads((project / "metrics" / "summary.json").read_text())["reviews"]
+    assert summary["teacher-llm"]["accuracy"] == 1.0 and summary["teacher-llm"]["member_of"] == "teacher"
+    assert summary["teacher-roberta"]["weight"] == 1.0 and summary["teacher"]["predictions"] == "ensemble"
+    # weighted 3 to 1, a one-hot teacher outvotes any other: the mean's argmax is the file's on every row
+    assert summary["teacher"]["accuracy"] == 1.0 and summary["kd"]["train_rows_gold"] == 120
+    table = (project / "reports" / "table.md").read_text()
+    assert "| teacher-roberta |" in table and "| teacher-llm |" in table, table
