@@ -8,11 +8,14 @@ from pathlib import Path
 
 def _predict(args) -> int:
     from distillery import precision, teacher_predictions
-    from distillery.preflight import load_params
+    from distillery.preflight import load_params, project_root
     from distillery.training.task_data import load_prepared
 
+    import datasets
+
+    datasets.disable_progress_bars()  # one line for the whole command
     p = load_params(args.params).for_task(args.task)  # registers the params' tasks of your own
-    data = load_prepared(Path(args.data or Path(args.params).resolve().parent / "data" / "tasks" / args.task),
+    data = load_prepared(Path(args.data or project_root(args.params, None) / "data" / "tasks" / args.task),
                          unlabeled=True)
     with precision.use(p.precision):  # as the pipeline's logits cache computes them
         n = teacher_predictions.write(Path(args.model), args.task, data, Path(args.out), p.data.max_length, args.values)
@@ -27,6 +30,6 @@ def add_commands(subparsers) -> None:
     cmd.add_argument("--task", required=True, help="the task (its rows: <project>/data/tasks/<task>)")
     cmd.add_argument("--out", required=True, help="the JSON Lines file to write")
     cmd.add_argument("--params", default="params.yaml", help="the project's params (its max_length, its own tasks)")
-    cmd.add_argument("--data", help="the prepared task directory (default: data/tasks/<task> beside the params)")
+    cmd.add_argument("--data", help="the prepared task directory (default: the params' project's data/tasks/<task>)")
     cmd.add_argument("--values", choices=("probabilities", "logits"), default="probabilities")
     cmd.set_defaults(func=_predict)

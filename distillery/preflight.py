@@ -26,7 +26,7 @@ def register_custom_tasks(p: Params, path: str = "params.yaml", root: Path | Non
     if p.data.custom:
         from distillery import custom_tasks
 
-        custom_tasks.register_tasks(p.data.custom, _root(path, root))
+        custom_tasks.register_tasks(p.data.custom, project_root(path, root))
     return p
 
 
@@ -61,7 +61,9 @@ def has_mlm_head(name_or_path: str, root: Path) -> bool | None:
     return any(a.endswith(("ForMaskedLM", "ForPreTraining")) for a in archs)
 
 
-def _root(path: str, root: Path | None) -> Path:
+def project_root(path: str, root: Path | None) -> Path:
+    """Where a params file's relative paths start: ``root`` when given, else the file's directory (its parent for a
+    preset in ``params/``)."""
     root = Path(root) if root is not None else Path(path).resolve().parent
     return root.parent if root.name == "params" else root  # a preset in params/: paths are relative to the project
 
@@ -69,7 +71,7 @@ def _root(path: str, root: Path | None) -> Path:
 def check_params(p: Params, path: str = "params.yaml", root: Path | None = None) -> Params:
     """What params alone can tell beyond the schema: every student recipe against its teacher (layer maps,
     heads, widths, relation heads, teacher layers, MLM head for pre-training distillation), local checkpoints."""
-    root = _root(path, root)
+    root = project_root(path, root)
     from distillery.precision import PrecisionError, resolve
 
     try:
@@ -234,7 +236,7 @@ def check_inputs(p: Params, path: str = "params.yaml", root: Path | None = None)
     word-vector file, the augmentation MLM (with an MLM head) and the students' init checkpoints."""
     from distillery.glue.tasks import get_task, tasks_evaluated_with
 
-    root = _root(path, root)
+    root = project_root(path, root)
     t = p.teacher
     if t.init == "pretrained":
         config = _check_model_ref(t.name_or_path, root, "teacher.name_or_path", path, "teacher")
