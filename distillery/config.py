@@ -255,29 +255,35 @@ class CorpusSection(Section):
 
 
 class PredictionsSection(Section):
-    file: str  # CSV, TSV, JSON Lines or Parquet: a key (text [+ text_pair], or split + idx) and a value per label
-    values: Literal["probabilities", "logits"] = "probabilities"  # what the label columns hold (regression: score)
+    """A teacher known by its predictions: a file of them (CSV, TSV, JSON Lines or Parquet: a key, text [+ text_pair]
+    or split + idx, and a value per label), or a fine-tuned classifier whose own tokenizer and model type need not be
+    the students' (the teacher stage computes its predictions)."""
+
+    file: str | None = None
+    model: str | None = None
+    values: Literal["probabilities", "logits"] = "probabilities"  # what a file's label columns hold (regression: score)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "PredictionsSection":
+        if (self.file is None) == (self.model is None):
+            raise ValueError("give either `file` (a predictions file) or `model` (a fine-tuned classifier)")
+        return self
+
+    @property
+    def source(self) -> str:
+        return self.file if self.file is not None else self.model
 
 
 def _predictions_file(v: Any) -> Any:
     return {"file": v} if isinstance(v, str) else v
 
 
-class EnsembleMember(Section):
-    """One teacher of an ensemble: a fine-tuned classifier (a model directory with its own tokenizer) or a predictions
-    file; ``weight``: its share of the mean of the members' probabilities (regression: of their scores)."""
+class EnsembleMember(PredictionsSection):
+    """One teacher of an ensemble; ``weight``: its share of the mean of the members' probabilities (regression: of
+    their scores)."""
 
-    model: str | None = None
-    predictions: str | None = None
-    values: Literal["probabilities", "logits"] = "probabilities"  # a predictions file's
     weight: float = Field(1.0, gt=0)
     name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # its report row: teacher-<name>
-
-    @model_validator(mode="after")
-    def _one_source(self) -> "EnsembleMember":
-        if (self.model is None) == (self.predictions is None):
-            raise ValueError("give a member either `model` (a fine-tuned classifier) or `predictions` (a file)")
-        return self
 
 
 class TeacherSection(Section):
@@ -290,13 +296,14 @@ class TeacherSection(Section):
     # a teacher you already fine-tuned, per task (a model directory or Hub id with the task's head): evaluated on dev
     # (gate included) instead of fine-tuned again; the task-agnostic stages still read `name_or_path`
     finetuned: dict[str, str] = Field(default_factory=dict)
-    # a teacher known only by its predictions, per task (`distillery.teacher_predictions`): a file, or {file, values};
-    # students distil from it at prediction level, and the task's dev score is the file's
+    # a teacher known only by its predictions, per task (`distillery.teacher_predictions`): a file, {file, values}, or
+    # {model}: a classifier of another tokenizer; students distil from them at prediction level, the dev score theirs
     predictions: dict[str, Annotated[PredictionsSection, BeforeValidator(_predictions_file)]] = \
         Field(default_factory=dict)
     # several teachers per task: the soft targets are the weighted mean of their probabilities (or scores); students
     # distil from it at prediction level, as from `predictions`
-    ensemble: dict[str, list[EnsembleMember]] = Field(default_factory=dict)
+    ensemble: dict[str, list[Annotated[EnsembleMember, BeforeValidator(_predictions_file)]]] = \
+        Field(default_factory=dict)
 
     def predicted(self, task: str) -> bool:
         """Whether the task's teacher is known by predictions only (a file, or an ensemble's mean): no model."""

@@ -274,20 +274,20 @@ def check_inputs(p: Params, path: str = "params.yaml", root: Path | None = None)
         for split in CUSTOM_SPLITS:
             if getattr(own, split) is not None:
                 _check_file(getattr(own, split), root, f"data.custom.{name}.{split}", path)
-    files = [(task, f"teacher.predictions.{task}", given.file, given.values) for task, given in t.predictions.items()]
-    for task, members in t.ensemble.items():
-        for i, m in enumerate(members):
-            key = f"teacher.ensemble.{task}[{i}]"
-            if m.predictions is not None:
-                files.append((task, key, m.predictions, m.values))
-            elif (config := _check_model_ref(m.model, root, key, path, "fine-tuned teacher")) is not None \
-                    and resolve_path(m.model, root).is_dir():
-                from distillery.models import ModelFilesError, check_model_files
+    given = [(task, f"teacher.predictions.{task}", g) for task, g in t.predictions.items()]
+    given += [(task, f"teacher.ensemble.{task}[{i}]", m) for task, ms in t.ensemble.items() for i, m in enumerate(ms)]
+    files = []
+    for task, key, g in given:
+        if g.file is not None:
+            files.append((task, key, g.file, g.values))
+        elif (config := _check_model_ref(g.model, root, key, path, "fine-tuned teacher")) is not None \
+                and resolve_path(g.model, root).is_dir():
+            from distillery.models import ModelFilesError, check_model_files
 
-                try:
-                    check_model_files(config.parent, key)
-                except ModelFilesError as exc:
-                    raise ConfigError(f"{path}: {exc}") from None
+            try:
+                check_model_files(config.parent, key)
+            except ModelFilesError as exc:
+                raise ConfigError(f"{path}: {exc}") from None
     for task, key, file, values in files:  # read whole: format and values (its rows: by the teacher stage)
         from distillery import teacher_predictions
         from distillery.glue.tasks import get_task

@@ -42,7 +42,7 @@ def _predicted_rows(p: Params, task: str, model_dir: Path) -> dict[str, dict[str
     metrics = {k.removeprefix("eval_"): v for k, v in json.loads((model_dir / "metrics.json").read_text()).items()}
     given = p.teacher.predictions.get(task)
     rows = {"teacher": {**metrics, "main": kind.main_score(metrics),
-                        "predictions": given.file if given is not None else "ensemble"}}
+                        "predictions": given.source if given is not None else "ensemble"}}
     if (model_dir / MEMBERS).is_file():
         for name, row in json.loads((model_dir / MEMBERS).read_text()).items():
             scores = {k: v for k, v in row.items() if k not in ("weight", "source")}

@@ -151,7 +151,7 @@ def model_card(p: Params, student: str, task: str, metrics: dict[str, Any]) -> s
     teacher = (p.teacher.name_or_path if p.teacher.init == "pretrained"
                else f"a {p.teacher.shape.as_spec()} teacher trained from scratch in this pipeline")
     if task in p.teacher.predictions:
-        teacher = f"a teacher's predictions ({p.teacher.predictions[task].file})"
+        teacher = f"a teacher's predictions ({p.teacher.predictions[task].source})"
     elif task in p.teacher.ensemble:
         teacher = f"an ensemble of {len(p.teacher.ensemble[task])} teachers (the mean of their probabilities)"
     dev = {k.removeprefix("dev."): v for k, v in metrics.items() if k.startswith("dev.") and k != "dev.main"}

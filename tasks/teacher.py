@@ -176,27 +176,26 @@ def _predicted_teacher(p: Params, task: str) -> dict[str, Any]:
     splits = [s for s in teacher_predictions.SPLITS if s in data]
     labels = data["dev"]["label"][:]
 
-    def from_file(file: str, values: str, key: str) -> dict[str, Any]:
-        predictions = teacher_predictions.read(resolve(file), kind.spec, values, key)
+    def predicted(given, key: str) -> dict[str, Any]:
+        """split -> (N, C) logits of one teacher: its file's, or its model's (its own tokenizer, checked first)."""
+        if given.model is not None:
+            source = _checked_classifier(kind, given.model, key)
+            return {s: x.numpy() for s, x in teacher_predictions.model_logits(source, task, data,
+                                                                               p.data.max_length).items()}
+        predictions = teacher_predictions.read(resolve(given.file), kind.spec, given.values, key)
         return {s: teacher_predictions.logits_for(predictions, data[s], s) for s in splits}
 
     members: dict[str, dict[str, Any]] = {}
     if task in p.teacher.predictions:
         given = p.teacher.predictions[task]
-        logits, meta = from_file(given.file, given.values, f"teacher.predictions.{task}"), given.model_dump()
+        logits, meta = predicted(given, f"teacher.predictions.{task}"), {"source": given.source}
     else:
         parts = []
         for i, member in enumerate(p.teacher.ensemble[task]):
-            key = f"teacher.ensemble.{task}[{i}]"
-            if member.model is not None:
-                one = {s: x.numpy() for s, x in teacher_predictions.model_logits(
-                    _checked_classifier(kind, member.model, key), task, data, p.data.max_length).items()}
-            else:
-                one = from_file(member.predictions, member.values, key)
+            one = predicted(member, f"teacher.ensemble.{task}[{i}]")
             parts.append((one, member.weight))
             members[f"teacher-{member.name or i + 1}"] = {
-                **glue.compute_metrics(task, one["dev"], labels), "weight": member.weight,
-                "source": member.model or member.predictions}
+                **glue.compute_metrics(task, one["dev"], labels), "weight": member.weight, "source": member.source}
         logits, meta = teacher_predictions.mean(parts, kind.spec), {"ensemble": str(len(parts))}
     metrics = glue.compute_metrics(task, logits["dev"], labels)
     train = [s for s in splits if s != "dev"]
@@ -330,11 +329,10 @@ def _teacher_deps(p: Params, task: str) -> list[Path]:
     source, or where fine-tuning starts."""
     if task in p.teacher.finetuned:
         return _given_teacher_deps(p, task)
-    if task in p.teacher.predictions:
-        return [resolve(p.teacher.predictions[task].file)] + _finetune_source_deps(p)
-    if task in p.teacher.ensemble:
-        given = [Path(model_ref(m.model)) if m.model else resolve(m.predictions) for m in p.teacher.ensemble[task]]
-        return [g for g in given if g.exists()] + _finetune_source_deps(p)
+    if p.teacher.predicted(task):
+        given = [p.teacher.predictions[task]] if task in p.teacher.predictions else p.teacher.ensemble[task]
+        sources = [Path(model_ref(g.model)) if g.model else resolve(g.file) for g in given]
+        return [s for s in sources if s.exists()] + _finetune_source_deps(p)
     return _finetune_source_deps(p)
 
 

@@ -189,13 +189,13 @@ def _params(tmp_path, **over):
      r"teacher: .*predictions: 'sst2' is not in data.tasks"),
     ({"teacher": {**ONE_STUDENT["teacher"], "predictions": {"reviews": "p.jsonl"}, "finetuned": {"reviews": "t"}}},
      r"predictions: 'reviews' has a teacher in teacher.finetuned too"),
-    ({"teacher": {**ONE_STUDENT["teacher"], "predictions": {}, "ensemble": {"reviews": [{"predictions": "p.jsonl"}]}}},
+    ({"teacher": {**ONE_STUDENT["teacher"], "predictions": {}, "ensemble": {"reviews": [{"file": "p.jsonl"}]}}},
      r"ensemble.reviews: an ensemble has two teachers or more, got 1"),
     ({"teacher": {**ONE_STUDENT["teacher"], "predictions": {},
-                  "ensemble": {"reviews": [{"predictions": "p.jsonl", "model": "m"}, {"predictions": "q.jsonl"}]}}},
-     r"give a member either `model` \(a fine-tuned classifier\) or `predictions`"),
+                  "ensemble": {"reviews": [{"file": "p.jsonl", "model": "m"}, {"file": "q.jsonl"}]}}},
+     r"give either `file` \(a predictions file\) or `model` \(a fine-tuned classifier\)"),
     ({"teacher": {**ONE_STUDENT["teacher"], "predictions": {},
-                  "ensemble": {"reviews": [{"predictions": "p.jsonl"}, {"predictions": "q.jsonl"}]}},
+                  "ensemble": {"reviews": [{"file": "p.jsonl"}, {"file": "q.jsonl"}]}},
       "students": {"pkd": {"recipe": "pkd", "shape": {"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64}}}},
      r"students.pkd: its task step grid reads the teacher's internals \(patient_loss\), and task reviews's teacher is "
      r"known by its predictions only \(teacher.ensemble.reviews\)"),
@@ -263,24 +263,58 @@ def test_an_ensemble_is_the_weighted_mean_of_its_teachers_probabilities_float64(
     assert mean([({"dev": s1}, 1.0), ({"dev": s2}, 1.0)], _spec("stsb"))["dev"].tolist() == [[2.0], [-1.0]]
 
 
-def test_an_ensemble_of_a_roberta_classifier_and_a_predictions_file_distils_end_to_end(tmp_path):
-    """Two teachers of different kinds: a RoBERTa-type classifier with a tokenizer of its own (not the students') and a
-    predictions file, weighted 1 and 3: the teacher stage scores each and their mean, the report has a row per
-    teacher and the ensemble's, the student distils from the mean of their probabilities."""
+def _roberta(directory):
+    """A RoBERTa-type classifier with a tokenizer of its own (the test vocabulary, not the students' WordPiece)."""
     import transformers
 
-    (tmp_path / "tok").mkdir()
-    tok = tokenizer(tmp_path / "tok")
+    directory.mkdir(parents=True)
+    tok = tokenizer(directory)
     torch.manual_seed(0)
     roberta = transformers.RobertaForSequenceClassification(transformers.RobertaConfig(
         vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
         max_position_embeddings=40, pad_token_id=0, num_labels=2))
-    roberta.save_pretrained(tmp_path / "roberta")
-    tok.save_pretrained(tmp_path / "roberta")
+    roberta.save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return roberta, tok
+
+
+def test_a_teacher_of_another_tokenizer_and_type_gives_its_predictions_to_the_students(tmp_path):
+    """``teacher.predictions.<task>: {model: ...}``: a RoBERTa-type classifier, its own tokenizer: the teacher stage
+    runs it on every row's text with its tokenizer, scores dev by it and keeps its logits as the soft targets, beside the
+    students' BERT WordPiece tokenizer (the pre-trained teacher's)."""
+    from distillery.teacher_predictions import load_soft_targets
+
+    roberta, tok = _roberta(tmp_path / "roberta")
+    params = _params(tmp_path)
+    params["teacher"] = {**ONE_STUDENT["teacher"], "predictions": {"reviews": {"model": str(tmp_path / "roberta")}}}
+    project = make_project(tmp_path / "project", params, dvc_yaml=False)
+    run([sys.executable, "-m", "flows.stage", "finetune_teacher", "--item", "reviews", "--upstream"], project)
+    teacher = project / "models" / "teacher" / "reviews" / "model"
+    targets = load_soft_targets(teacher)
+    assert len(targets) == 120 and not (teacher / "config.json").exists()
+    with (tmp_path / "reviews" / "train.csv").open(encoding="utf-8") as f:
+        first = next(csv.DictReader(f))["review"]
+    import datasets
+
+    rows = datasets.load_from_disk(str(project / "data" / "tasks" / "reviews"))["train"]
+    i = rows["text_a"][:].index(first)
+    with torch.no_grad():  # its own tokenizer on the raw text, as the stage ran it (bf16 or fp32: within bf16's step)
+        want = roberta.eval()(**tok(first, truncation=True, max_length=24, return_tensors="pt")).logits[0]
+    assert torch.allclose(targets[rows["idx"][i]], want, atol=2e-2), (targets[rows["idx"][i]], want)
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(str(teacher)).get_vocab() != tok.get_vocab()  # the students' own
+
+
+def test_an_ensemble_of_a_roberta_classifier_and_a_predictions_file_distils_end_to_end(tmp_path):
+    """Two teachers of different kinds: a RoBERTa-type classifier with a tokenizer of its own (not the students') and a
+    predictions file, weighted 1 and 3: the teacher stage scores each and their mean, the report has a row per
+    teacher and the ensemble's, the student distils from the mean of their probabilities."""
+    _roberta(tmp_path / "roberta")
     params = _params(tmp_path)
     params["teacher"] = {**ONE_STUDENT["teacher"], "ensemble": {"reviews": [
         {"model": str(tmp_path / "roberta"), "name": "roberta"},
-        {"predictions": str(tmp_path / "reviews" / "p.jsonl"), "weight": 3, "name": "llm"}]}}
+        {"file": str(tmp_path / "reviews" / "p.jsonl"), "weight": 3, "name": "llm"}]}}
     project = make_project(tmp_path / "project", params, dvc_yaml=False)
     rows = []
     for split in ("train", "dev"):
