@@ -95,10 +95,10 @@ def check_params(p: Params, path: str = "params.yaml", root: Path | None = None)
 
 
 def _check_predicted_teachers(p: Params, teacher: Dims | None, path: str) -> None:
-    """A task whose teacher is known by its predictions (``teacher.predictions``) has students that distil its
-    predictions only: no span task, no augmentation (its new rows have no prediction), no budget (a speedup over a
-    teacher that cannot be timed), no step that reads the teacher's internals or starts from its layers (with the
-    teacher's dims: known here for a local or scratch teacher)."""
+    """A task whose teacher is known by its predictions (``teacher.predictions``, ``teacher.ensemble``) has students
+    that distil its predictions only: no span task, no augmentation (its new rows have no prediction), no budget (a
+    speedup over a teacher that cannot be timed), no step that reads the teacher's internals or starts from its layers
+    (with the teacher's dims: known here for a local or scratch teacher)."""
     from distillery.recipes import direct_plan, task_plan
     from distillery.task_kinds import is_span
     from distillery.training.plan import runnable_teacher_needed

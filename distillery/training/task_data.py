@@ -105,7 +105,6 @@ def open_task(files: TaskFiles, seed: int) -> Task:
     from transformers import AutoTokenizer
 
     from distillery.models import load_model
-
     from distillery.teacher_predictions import is_predicted, load_soft_targets
 
     kind = files.kind
