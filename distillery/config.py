@@ -259,8 +259,8 @@ class PredictionsSection(Section):
     or split + idx, and a value per label), or a fine-tuned classifier whose own tokenizer and model type need not be
     the students' (the teacher stage computes its predictions)."""
 
-    file: str | None = None
-    model: str | None = None
+    file: str | None = None  # a predictions file: a key (text [+ text_pair], or split + idx) and a value per label
+    model: str | None = None  # or a fine-tuned classifier's directory (its own tokenizer and model type)
     values: Literal["probabilities", "logits"] = "probabilities"  # what a file's label columns hold (regression: score)
 
     @model_validator(mode="after")
@@ -282,7 +282,7 @@ class EnsembleMember(PredictionsSection):
     """One teacher of an ensemble; ``weight``: its share of the mean of the members' probabilities (regression: of
     their scores)."""
 
-    weight: float = Field(1.0, gt=0)
+    weight: float = Field(1.0, gt=0)  # its share of the weighted mean of the members' probabilities (or scores)
     name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # its report row: teacher-<name>
 
 
