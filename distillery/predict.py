@@ -7,11 +7,11 @@ from pathlib import Path
 
 
 def _predict(args) -> int:
+    import datasets
+
     from distillery import precision, teacher_predictions
     from distillery.preflight import load_params, project_root
     from distillery.training.task_data import load_prepared
-
-    import datasets
 
     datasets.disable_progress_bars()  # one line for the whole command
     p = load_params(args.params).for_task(args.task)  # registers the params' tasks of your own

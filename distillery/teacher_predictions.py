@@ -192,7 +192,7 @@ def load_soft_targets(directory: Path) -> dict[int, Any]:
 
 def with_soft_targets(train, targets: dict[int, Any]):
     """`train` (encoded, with ``idx``) with the ``teacher_logits`` column a runnable teacher's cache would give it."""
-    from distillery.training.logits_cache import COLUMN
+    from distillery.training.logits_cache import with_logits
 
     if "idx" not in train.column_names:
         raise ValueError("the training rows need their idx to find their soft targets")
@@ -200,9 +200,7 @@ def with_soft_targets(train, targets: dict[int, Any]):
     if missing:
         raise ValueError(f"no soft target for training row {missing[0]} ({len(missing)} rows): the teacher's "
                          "predictions were read for other rows (re-run the teacher stage)")
-    if COLUMN in train.column_names:
-        train = train.remove_columns(COLUMN)
-    return train.add_column(COLUMN, [targets[i].tolist() for i in train["idx"][:]])
+    return with_logits(train, [targets[i].tolist() for i in train["idx"][:]])
 
 
 # ------------------------------------------------------------------------------------------------ writing one

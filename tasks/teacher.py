@@ -203,7 +203,7 @@ def _predicted_teacher(p: Params, task: str) -> dict[str, Any]:
         teacher_tokenizer(p).save_pretrained(tmp)
         teacher_predictions.save_soft_targets(tmp, np.concatenate([np.asarray(data[s]["idx"][:]) for s in train]),
                                               np.concatenate([logits[s] for s in train]),
-                                              {k: str(v) for k, v in meta.items()})
+                                              meta)
         write_json(tmp / "metrics.json", {f"eval_{k}": v for k, v in metrics.items()})
         if members:
             write_json(tmp / teacher_predictions.MEMBERS, members)

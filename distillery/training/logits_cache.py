@@ -132,6 +132,11 @@ def cache_teacher_logits(
         logits = compute_teacher_logits(teacher, dataset, batch_size=batch_size, tokenizer=tokenizer, progress=progress)
         with atomic_path(path) as tmp:
             save_file({"logits": logits.contiguous(), "idx": index}, str(tmp), metadata={"fingerprint": key})
+    return with_logits(dataset, logits.tolist())
+
+
+def with_logits(dataset: datasets.Dataset, logits: list) -> datasets.Dataset:
+    """`dataset` with its ``teacher_logits`` column (row by row, in its order) set to `logits`."""
     if COLUMN in dataset.column_names:
         dataset = dataset.remove_columns(COLUMN)
-    return dataset.add_column(COLUMN, logits.tolist())
+    return dataset.add_column(COLUMN, logits)
