@@ -11,12 +11,14 @@ from __future__ import annotations
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
-from nltk.tokenize.punkt import PunktSentenceTokenizer, PunktTrainer
 
 from distillery.io import atomic_path
+
+if TYPE_CHECKING:
+    from nltk.tokenize.punkt import PunktSentenceTokenizer
 
 _GUTENBERG_START = re.compile(r"^\*\*\*\s*START OF (THE|THIS) PROJECT GUTENBERG", re.I)
 _GUTENBERG_END = re.compile(r"^\*\*\*\s*END OF (THE|THIS) PROJECT GUTENBERG", re.I)
@@ -45,6 +47,8 @@ def read_documents(path: str | Path) -> Iterator[str]:
 
 def sentence_splitter(sample: str) -> PunktSentenceTokenizer:
     """A Punkt splitter trained (unsupervised) on `sample`; needs no NLTK data download."""
+    from nltk.tokenize.punkt import PunktSentenceTokenizer, PunktTrainer  # lazy: ~2 s of imports only a split needs
+
     trainer = PunktTrainer()
     trainer.INCLUDE_ALL_COLLOCS = True
     trainer.train(sample, finalize=True)
