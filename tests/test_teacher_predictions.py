@@ -8,7 +8,9 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -263,16 +265,35 @@ def test_an_ensemble_is_the_weighted_mean_of_its_teachers_probabilities_float64(
     assert mean([({"dev": s1}, 1.0), ({"dev": s2}, 1.0)], _spec("stsb"))["dev"].tolist() == [[2.0], [-1.0]]
 
 
-def _roberta(directory):
-    """A RoBERTa-type classifier with a tokenizer of its own (the test vocabulary, not the students' WordPiece)."""
+def _roberta(directory, train: Path | None = None):
+    """A RoBERTa-type classifier with a tokenizer of its own (the test vocabulary, not the students' WordPiece); with
+    `train` (a reviews() train.csv), a vocabulary of its words (ids of its own) and fine-tuned on it."""
     import transformers
 
     directory.mkdir(parents=True)
     tok = tokenizer(directory)
+    if train is not None:
+        with train.open(encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        words = sorted({w for r in rows for w in re.findall(r"\w+|[^\w\s]", r["review"].lower())})
+        (directory / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+        tok = transformers.BertTokenizerFast(vocab=str(directory / "vocab.txt"), do_lower_case=True)
     torch.manual_seed(0)
     roberta = transformers.RobertaForSequenceClassification(transformers.RobertaConfig(
         vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
         max_position_embeddings=40, pad_token_id=0, num_labels=2))
+    if train is not None:
+        enc = tok([r["review"] for r in rows], truncation=True, max_length=24, padding=True, return_tensors="pt")
+        labels = torch.tensor([["pan", "praise"].index(r["verdict"]) for r in rows])
+        optimizer = torch.optim.AdamW(roberta.parameters(), lr=3e-3)
+        for _ in range(20):
+            for i in range(0, len(rows), 16):
+                batch = slice(i, i + 16)
+                roberta(input_ids=enc["input_ids"][batch], attention_mask=enc["attention_mask"][batch],
+                        labels=labels[batch]).loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+        roberta.eval()
     roberta.save_pretrained(directory)
     tok.save_pretrained(directory)
     return roberta, tok
@@ -281,14 +302,19 @@ def _roberta(directory):
 def test_a_teacher_of_another_tokenizer_and_type_gives_its_predictions_to_the_students(tmp_path):
     """``teacher.predictions.<task>: {model: ...}``: a RoBERTa-type classifier, its own tokenizer: the teacher stage
     runs it on every row's text with its tokenizer, scores dev by it and keeps its logits as the soft targets, beside the
-    students' BERT WordPiece tokenizer (the pre-trained teacher's)."""
+    students' BERT WordPiece tokenizer (the pre-trained teacher's); a BERT student distils from them through every
+    stage."""
     from distillery.teacher_predictions import load_soft_targets
 
-    roberta, tok = _roberta(tmp_path / "roberta")
     params = _params(tmp_path)
+    roberta, tok = _roberta(tmp_path / "roberta", train=tmp_path / "reviews" / "train.csv")
     params["teacher"] = {**ONE_STUDENT["teacher"], "predictions": {"reviews": {"model": str(tmp_path / "roberta")}}}
     project = make_project(tmp_path / "project", params, dvc_yaml=False)
-    run([sys.executable, "-m", "flows.stage", "finetune_teacher", "--item", "reviews", "--upstream"], project)
+    run([sys.executable, "-m", "flows.stage", "all"], project)
+    summary = json.loads((project / "metrics" / "summary.json").read_text())["reviews"]
+    assert summary["teacher"]["predictions"] == str(tmp_path / "roberta") and "retention" in summary["kd"], summary
+    student = json.loads((project / "models" / "students" / "kd-reviews" / "model" / "config.json").read_text())
+    assert student["model_type"] == "bert" and roberta.config.model_type == "roberta"
     teacher = project / "models" / "teacher" / "reviews" / "model"
     targets = load_soft_targets(teacher)
     assert len(targets) == 120 and not (teacher / "config.json").exists()
