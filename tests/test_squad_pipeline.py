@@ -45,13 +45,13 @@ SQUAD_MICRO = {
     **MICRO,
     "data": {"source": "local", "tasks": ["squad"], "max_length": 64, "doc_stride": 16,
              "max_query_length": 16, "squad_eval_articles": 2},
-    "teacher_finetune": {"epochs": 12, "learning_rate": 3e-3, "batch_size": 16, "warmup_ratio": 0.1,
+    "teacher_finetune": {"epochs": 6, "learning_rate": 3e-3, "batch_size": 16, "warmup_ratio": 0.1,
                          "min_gain_over_trivial": 0.2},
     "students": {"micro": MICRO["students"]["micro"],  # DistilBERT with the paper's SQuAD extra step (start/end logits)
                  "micro-distilbert": {**MICRO["students"]["micro-distilbert"], "task_distillation": True}},
-    "task_distillation": {"intermediate": {"epochs": 2, "learning_rate": 1e-3, "batch_size": 16},
-                          "prediction": {"learning_rates": [3e-3], "batch_sizes": [16], "epochs": 8},
-                          "finetune": {"learning_rates": [3e-3], "batch_sizes": [16], "epochs": 8}},
+    "task_distillation": {"intermediate": {"epochs": 1, "learning_rate": 1e-3, "batch_size": 16},
+                          "prediction": {"learning_rates": [3e-3], "batch_sizes": [16], "epochs": 3},
+                          "finetune": {"learning_rates": [3e-3], "batch_sizes": [16], "epochs": 3}},
     "evaluation": {"latency": False, "export_onnx": True},
 }
 
