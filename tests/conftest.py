@@ -53,12 +53,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: one worker more than the cores. A third of this suite's worker time waits (on pipeline commands'
-    startup, servers, a cron's minute boundary); a spare worker fills it (measured on 2 cores, 2026-11-26: 771 s with
-    2 workers, 702 s with 3, the same tests)."""
+    """`-n auto`: two workers more than the cores. Much of this suite's worker time waits (on pipeline commands,
+    servers, a cron's minute boundary): the worker that holds the scale-out stack barely uses its core at all, and
+    another spends its time waiting on the commands it started; the spare workers fill the cores meanwhile."""
     import os
 
-    return (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) + 1
+    return (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) + 2
 
 
 @pytest.fixture

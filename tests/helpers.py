@@ -250,12 +250,29 @@ def prefect_database() -> Path:
     return db
 
 
-def make_project(tmp: Path, params: dict | None = None, *, dvc_yaml: bool = True) -> Path:
-    """`tmp` holding copies of the pipeline's packages and its .dvcignore, a migrated Prefect database
-    (`prefect_database`) in its PREFECT_HOME and `params` (MICRO by default) as params.yaml; with `dvc_yaml`, the
-    dvc.yaml these params declare."""
+@functools.cache
+def compiled_packages() -> Path:
+    """This checkout's packages copied once per test process, their bytecode compiled: where PYTHONDONTWRITEBYTECODE
+    is set (this machine sets it), every command in a project would otherwise compile them from source again. The
+    copies keep their files' modification times, so the bytecode stays valid in a project's copy of them."""
+    import atexit
+    import compileall
+    import tempfile
+
+    home = Path(tempfile.mkdtemp(prefix="distillery-tests-packages-"))
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
     for name in ("distillery", "tasks", "flows"):
-        shutil.copytree(ROOT / name, tmp / name, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(ROOT / name, home / name, ignore=shutil.ignore_patterns("__pycache__"))
+        assert compileall.compile_dir(home / name, quiet=1), name
+    return home
+
+
+def make_project(tmp: Path, params: dict | None = None, *, dvc_yaml: bool = True) -> Path:
+    """`tmp` holding copies of the pipeline's packages (`compiled_packages`) and its .dvcignore, a migrated Prefect
+    database (`prefect_database`) in its PREFECT_HOME and `params` (MICRO by default) as params.yaml; with `dvc_yaml`,
+    the dvc.yaml these params declare."""
+    for name in ("distillery", "tasks", "flows"):
+        shutil.copytree(compiled_packages() / name, tmp / name)
     shutil.copyfile(ROOT / ".dvcignore", tmp / ".dvcignore")
     (tmp / ".prefect").mkdir(exist_ok=True)
     shutil.copyfile(prefect_database(), tmp / ".prefect" / "prefect.db")

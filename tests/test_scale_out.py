@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import ONE_STUDENT, Server, clean_env, free_port, prefect_database, reviews
+from helpers import ONE_STUDENT, Server, clean_env, compiled_packages, free_port, prefect_database, reviews
 
 from tasks import provenance
 from tasks.stage import fingerprint
@@ -85,7 +85,7 @@ class Stack:
 
     def make_project(self) -> None:
         for name in ("distillery", "tasks", "flows"):
-            shutil.copytree(ROOT / name, self.project / name, ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(compiled_packages() / name, self.project / name)
         shutil.copy(ROOT / "prefect.yaml", self.project)
         # one student, no direct baselines, no ONNX export, a teacher that only has to be no worse than trivial:
         # every kind of stage still runs for real (data, MLM pre-training, fine-tuning, augmentation, both
