@@ -252,9 +252,10 @@ def prefect_database() -> Path:
 
 @functools.cache
 def compiled_packages() -> Path:
-    """This checkout's packages copied once per test process, their bytecode compiled: where PYTHONDONTWRITEBYTECODE
-    is set (this machine sets it), every command in a project would otherwise compile them from source again. The
-    copies keep their files' modification times, so the bytecode stays valid in a project's copy of them."""
+    """A directory holding this checkout's packages and nothing else, copied once per test process, their bytecode
+    compiled: where PYTHONDONTWRITEBYTECODE is set (this machine sets it), every command in a project would otherwise
+    compile them from source again. The copies keep their files' modification times, so the bytecode stays valid in a
+    project's copy of this directory."""
     import atexit
     import compileall
     import tempfile
@@ -271,8 +272,7 @@ def make_project(tmp: Path, params: dict | None = None, *, dvc_yaml: bool = True
     """`tmp` holding copies of the pipeline's packages (`compiled_packages`) and its .dvcignore, a migrated Prefect
     database (`prefect_database`) in its PREFECT_HOME and `params` (MICRO by default) as params.yaml; with `dvc_yaml`,
     the dvc.yaml these params declare."""
-    for name in ("distillery", "tasks", "flows"):
-        shutil.copytree(compiled_packages() / name, tmp / name)
+    shutil.copytree(compiled_packages(), tmp, dirs_exist_ok=True)
     shutil.copyfile(ROOT / ".dvcignore", tmp / ".dvcignore")
     (tmp / ".prefect").mkdir(exist_ok=True)
     shutil.copyfile(prefect_database(), tmp / ".prefect" / "prefect.db")

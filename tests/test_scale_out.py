@@ -84,8 +84,7 @@ class Stack:
         self.first = self.run_deployment()
 
     def make_project(self) -> None:
-        for name in ("distillery", "tasks", "flows"):
-            shutil.copytree(compiled_packages() / name, self.project / name)
+        shutil.copytree(compiled_packages(), self.project)
         shutil.copy(ROOT / "prefect.yaml", self.project)
         # one student, no direct baselines, no ONNX export, a teacher that only has to be no worse than trivial:
         # every kind of stage still runs for real (data, MLM pre-training, fine-tuning, augmentation, both
