@@ -27,7 +27,8 @@ import torch
 import transformers
 
 from distillery.layer_map import build_layer_map
-from distillery.models import StudentShape, student_config
+from distillery.shape import Dims
+from distillery.models import student_config
 from distillery.training.distill import Distiller, make_projection
 from distillery.training.grid import prediction_grid
 from distillery.training.metrics import accuracy
@@ -46,7 +47,7 @@ TEACHER, STUDENT = (12, 768, 12, 3072), (4, 312, 12, 1200)
 
 
 def bert_config(shape: tuple[int, int, int, int], vocab: int = VOCAB) -> transformers.BertConfig:
-    return student_config(StudentShape(*shape), vocab, num_labels=2)
+    return student_config(Dims(*shape), vocab, num_labels=2)
 
 
 def _bert(shape: tuple[int, int, int, int], vocab: int) -> transformers.BertForSequenceClassification:

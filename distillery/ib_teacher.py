@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from distillery.models import IB_BERT, StudentShape, build_student
+from distillery.shape import IB_BERT, Dims
+from distillery.models import build_student
 
 if TYPE_CHECKING:  # the shape functions serve params validation, which should not load transformers' model code
     from transformers import PreTrainedModel
@@ -44,23 +45,23 @@ class IBShapeError(ValueError):
     """An IB teacher that cannot teach this student (depth, width, heads or embedding differ)."""
 
 
-def embedding_of(shape: StudentShape) -> tuple[int, bool]:
+def embedding_of(shape: Dims) -> tuple[int, bool]:
     """(embedding_size, trigram_input) of a MobileBERT shape (MobileBertConfig defaults when unset)."""
     extra = {**_EMBEDDING_DEFAULTS, **dict(shape.extra)}
     return int(extra["embedding_size"]), bool(extra["trigram_input"])
 
 
-def _student_embedding(student: StudentShape) -> dict[str, Any]:
+def _student_embedding(student: Dims) -> dict[str, Any]:
     size, trigram = embedding_of(student)
     return {"embedding_size": size, "trigram_input": trigram}
 
 
-def scratch_shape(student: StudentShape, shape: StudentShape | None = None) -> StudentShape:
+def scratch_shape(student: Dims, shape: Dims | None = None) -> Dims:
     """The IB teacher trained from scratch: ``shape`` as given (checked against the student), or the student's
     depth, inter-block width, heads and embedding with intra-block width 2 x inter and FFN 4 x intra."""
     if shape is None:
         intra = 2 * student.hidden
-        return StudentShape(student.layers, student.hidden, student.heads, 4 * intra, arch="mobilebert",
+        return Dims(student.layers, student.hidden, student.heads, 4 * intra, arch="mobilebert",
                             extra={**IB_BERT, **_student_embedding(student), "intra_bottleneck_size": intra})
     if shape.arch != "mobilebert":
         raise IBShapeError(f"an IB teacher shape has arch mobilebert (bottlenecks), got {shape.arch}")
@@ -70,20 +71,20 @@ def scratch_shape(student: StudentShape, shape: StudentShape | None = None) -> S
     return shape
 
 
-def converted_shape(student: StudentShape, teacher) -> StudentShape:
-    """The IB teacher made from a BERT teacher (``teacher``: its ``distillery.recipes.Dims``): the teacher's depth,
+def converted_shape(student: Dims, teacher) -> Dims:
+    """The IB teacher made from a BERT teacher (``teacher``: its ``distillery.shape.Dims``): the teacher's depth,
     heads and FFN, intra-block width = the teacher's hidden size, inter-block width and embedding = the student's;
     query, key and value read the intra-block input (the BERT attention, unchanged)."""
     if teacher.arch != "bert":
         raise IBShapeError(f"init 'convert' inserts bottlenecks into a BERT teacher; the teacher is {teacher.arch}")
-    return StudentShape(
+    return Dims(
         teacher.layers, student.hidden, teacher.heads, teacher.intermediate, arch="mobilebert",
         extra={**IB_BERT, **_student_embedding(student), "intra_bottleneck_size": teacher.hidden,
                "use_bottleneck_attention": True},
     )
 
 
-def ib_teacher_shape(student: StudentShape, init: str, shape: StudentShape | None, teacher) -> StudentShape:
+def ib_teacher_shape(student: Dims, init: str, shape: Dims | None, teacher) -> Dims:
     """The IB teacher's shape for a recipe's ``ib_teacher.init`` (``convert`` | ``scratch``)."""
     return converted_shape(student, teacher) if init == "convert" else scratch_shape(student, shape)
 
@@ -109,7 +110,7 @@ def _copy_(dst: nn.Module, src: nn.Module) -> None:
     dst.load_state_dict(src.state_dict())
 
 
-def convert_bert(bert: PreTrainedModel, student: StudentShape, *, exact: bool = True) -> PreTrainedModel:
+def convert_bert(bert: PreTrainedModel, student: Dims, *, exact: bool = True) -> PreTrainedModel:
     """A ``MobileBertForMaskedLM`` IB teacher from a ``BertForMaskedLM`` (see the module docstring; from a BERT with
     another head or none, the MLM head is not copied).
 
@@ -134,7 +135,7 @@ def convert_bert(bert: PreTrainedModel, student: StudentShape, *, exact: bool = 
     are ones a student learning them from random layers (eq. 2) can make; the exact teacher's suit a student cut from
     it, which inherits its function.
     """
-    from distillery.models import Dims
+    from distillery.shape import Dims
 
     bc = bert.config
     shape = converted_shape(student, Dims.of_config(bc))

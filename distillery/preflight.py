@@ -10,13 +10,14 @@ and the dotted key.
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
 
 from distillery.config import CUSTOM_SPLITS, ConfigError, Params, augment_sections, parse_params
 from distillery.io import hub_offline, resolve_path
-from distillery.models import Dims
+from distillery.shape import Dims
 from distillery.recipes import RecipeError, verify
 
 
@@ -34,10 +35,10 @@ def declared_teacher_dims(p: Params, root: Path) -> Dims | None:
     """The teacher's dims from its params shape or its local config.json; None for a Hub name (read at stage time)."""
     t = p.teacher
     if t.init == "scratch":
-        from distillery.models import ModelConfigError
+        from distillery.shape import ModelConfigError
 
         try:
-            return Dims.of_shape(t.shape.resolve(), t.vocab_size)
+            return replace(t.shape.resolve(), vocab=t.vocab_size)
         except ModelConfigError as exc:
             raise ConfigError(f"teacher.shape: {exc}") from None
     local = resolve_path(t.name_or_path, root)

@@ -45,7 +45,7 @@ def teacher_dims(p: Params):
 
     from distillery.preflight import declared_teacher_dims
     from distillery.errors import InputNotFoundError
-    from distillery.models import Dims
+    from distillery.shape import Dims
 
     dims = declared_teacher_dims(p, paths.ROOT)
     if dims is not None:
@@ -150,7 +150,7 @@ def task_files(p: Params, item: str):
 
 
 def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
-    from distillery.models import Dims
+    from distillery.shape import Dims
     from distillery.recipes import task_plan
     from distillery.training.plan import run_plan
     from distillery.training.task_data import open_task

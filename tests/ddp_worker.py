@@ -55,7 +55,7 @@ def main(out: Path) -> None:
     from distillery.training.progressive_transfer import progressive_transfer, student_from_teacher
     from distillery.training.metrics import accuracy
     from distillery.training.spec import DistillSpec, Grid, TrainRun
-    from distillery.models import resolve_shape
+    from distillery.shape import resolve_shape
     from helpers import bert_config, encoded, sentences
 
     MOBILE = resolve_shape({"preset": "mobilebert-tiny", "layers": 2, "hidden": 32, "heads": 2, "intermediate": 16,

@@ -10,7 +10,7 @@ import transformers
 
 from distillery.efficiency.budget import (Budget, BudgetError, Candidate, Timed, available_forms, candidates,
                                           finalists, successive_halving, time_candidates, within_budget)
-from distillery.models import Dims
+from distillery.shape import Dims
 
 from helpers import ONE_STUDENT, bert_config
 

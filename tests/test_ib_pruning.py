@@ -10,7 +10,8 @@ import transformers as tr
 
 from distillery.ib_pruning import BlockImportance, measure_block_importance, prune_ib_teacher
 from distillery.ib_teacher import convert_bert
-from distillery.models import Dims, build_student
+from distillery.shape import Dims
+from distillery.models import build_student
 from distillery.pruning import PruningError
 from distillery.recipes import MobileBertRecipe, RecipeError
 from distillery.recipes.base import Shape

@@ -5,9 +5,6 @@ import torch
 import transformers as tr
 
 from distillery.models import (
-    PAPER_PARAMS_M,
-    PRESETS,
-    ModelConfigError,
     build_student,
     hidden_size,
     init_from_teacher_layers,
@@ -15,10 +12,10 @@ from distillery.models import (
     num_heads,
     num_layers,
     num_parameters,
-    resolve_shape,
     set_dropout,
     student_config,
 )
+from distillery.shape import PAPER_PARAMS_M, PRESETS, ModelConfigError, resolve_shape
 
 TOLERANCE = {"tinybert4": 0.02, "tinybert6": 0.02, "mobilebert": 0.02, "mobilebert-tiny": 0.05, "mobilebert-no-opt": 0.02,
              "ib-bert-large": 0.05,

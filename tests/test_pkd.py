@@ -15,7 +15,7 @@ import yaml
 
 from distillery.config import ConfigError, parse_params
 from distillery.preflight import check_params
-from distillery.models import Dims
+from distillery.shape import Dims
 from distillery.objectives.pkd import hard_label_loss, patient_loss
 from distillery.objectives.registry import TERMS
 from distillery.recipes import RECIPES, RecipeError

@@ -114,7 +114,7 @@ def test_a_recipe_starts_its_student_pruned_from_the_teacher(tmp_path):
     the rows it is given; checked against the teacher's dims before any work."""
     import datasets
 
-    from distillery.models import Dims
+    from distillery.shape import Dims
     from distillery.recipes import RECIPES, RecipeError, TinyBertRecipe
 
     t = teacher()

@@ -15,7 +15,7 @@ import yaml
 from distillery.config import ConfigError, parse_params
 from distillery.preflight import check_params
 from distillery.layer_map import build_layer_map
-from distillery.models import Dims
+from distillery.shape import Dims
 from distillery.recipes import (
     CheckpointMismatchError,
     DistilBertRecipe,
@@ -166,7 +166,7 @@ def test_teacher_assistant_when_sizes_call_for_it():
     teacher = Dims(12, 768, 12, 3072, 30522)
     small = Dims(6, 384, 12, 1536)
     recipe = MiniLMRecipe(shape={"preset": "minilm-l6-h384"})
-    assert Dims.of_shape(recipe.shape.resolve()) == small
+    assert recipe.shape.resolve() == small
     assert recipe.assistant_dims(teacher) == Dims(12, 384, 12, 1536, 30522, "bert")
     wide = MiniLMRecipe(shape={"layers": 6, "hidden": 512, "heads": 8, "intermediate": 2048})
     assert wide.assistant_dims(teacher) is None  # d' > d/2

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from distillery.efficiency.latency import LatencyResult
 from distillery.errors import UserError
-from distillery.models import Dims
+from distillery.shape import Dims
 
 FORMS = ("fp32", "bf16", "int8")
 

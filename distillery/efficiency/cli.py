@@ -161,7 +161,7 @@ def _budget(args: argparse.Namespace) -> int:
     from distillery.efficiency.budget import (Budget, BudgetError, available_forms, candidates, time_candidates,
                                               within_budget)
     from distillery.efficiency.export import check_saved_model, load_model_for_export
-    from distillery.models import Dims
+    from distillery.shape import Dims
 
     if args.json:
         check_results_file(Path(args.json), "budget", _budget_rows)

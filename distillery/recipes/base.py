@@ -26,7 +26,7 @@ from typing import Annotated, Any, Callable, ClassVar, Literal, Mapping
 from pydantic import Field, field_validator, model_validator
 
 from distillery.errors import UserError
-from distillery.models import Dims
+from distillery.shape import Dims
 from distillery.recipes.schema import (LAYER_INITS, BudgetSpec, InitField, RandomInit, RecipeError, Section, Shape,
                                        official_teacher_layers, with_shape)
 

@@ -6,21 +6,22 @@ for a student cut from its distilled twin, the twin's), and for a budget that it
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from distillery.models import Dims
+from distillery.shape import Dims
 from distillery.recipes.schema import LAYER_INITS, RecipeError, Shape, TeacherLayersInit, with_shape
 
 
 def student_dims(recipe, teacher: Dims, key: str) -> Dims:
     """The student's dims (the resolved shape), raising RecipeError naming ``key`` on an impossible one."""
-    from distillery.models import ModelConfigError
+    from distillery.shape import ModelConfigError
 
     try:
         shape = recipe.shape.resolve()
     except ModelConfigError as exc:
         raise RecipeError(f"{key}.shape: {exc}") from None
-    return Dims.of_shape(shape, teacher.vocab)
+    return replace(shape, vocab=teacher.vocab)
 
 
 def cuts_distilled_student(recipe) -> bool:

@@ -18,7 +18,7 @@ def plan_lines(path: str | Path, students: list[str] | None = None) -> list[str]
     if dims is None:
         from transformers import AutoConfig
 
-        from distillery.models import Dims
+        from distillery.shape import Dims
 
         dims = Dims.of_config(AutoConfig.from_pretrained(p.teacher.name_or_path))
     unknown = [s for s in students or [] if s not in p.students]

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from distillery.models import Dims
+from distillery.shape import Dims
 from distillery.recipes.base import Recipe, RecipeError, StageContext, StudentStage, corpus_dataset
 from distillery.recipes.checks import student_dims
 from distillery.recipes.registry import register_recipe

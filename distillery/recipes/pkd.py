@@ -23,7 +23,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
-from distillery.models import Dims
+from distillery.shape import Dims
 from distillery.recipes.base import Recipe, RecipeError
 from distillery.recipes.checks import student_dims
 from distillery.recipes.registry import register_recipe

@@ -45,7 +45,7 @@ class Shape(Section):
         numbers = [self.layers, self.hidden, self.heads, self.intermediate]
         if self.preset is None and any(n is None for n in numbers):
             raise ValueError("give either `preset` or all of layers, hidden, heads, intermediate")
-        from distillery.models import ModelConfigError
+        from distillery.shape import ModelConfigError
 
         try:
             shape = self.resolve()
@@ -65,8 +65,8 @@ class Shape(Section):
         return spec if set(spec) != {"preset"} else self.preset
 
     def resolve(self):
-        """The ``distillery.models.StudentShape`` (raises ModelConfigError on an impossible shape)."""
-        from distillery.models import resolve_shape
+        """The ``distillery.shape.Dims`` (raises ModelConfigError on an impossible shape)."""
+        from distillery.shape import resolve_shape
 
         return resolve_shape(self.as_spec())
 

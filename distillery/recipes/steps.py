@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from distillery.models import Dims
+from distillery.shape import Dims
 from distillery.recipes.checks import cuts_distilled_student, wide_student
 from distillery.recipes.schema import LAYER_INITS
 from distillery.training.plan import Plan, Start, Step

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from distillery.models import Dims
+from distillery.shape import Dims
 from distillery.recipes.base import Recipe, RecipeError
 from distillery.recipes.checks import student_dims
 from distillery.recipes.registry import register_recipe
