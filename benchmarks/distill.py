@@ -27,8 +27,8 @@ import torch
 import transformers
 
 from distillery.layer_map import build_layer_map
-from distillery.shape import Dims
 from distillery.models import student_config
+from distillery.shape import Dims
 from distillery.training.distill import Distiller, make_projection
 from distillery.training.grid import prediction_grid
 from distillery.training.metrics import accuracy

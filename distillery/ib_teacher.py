@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from distillery.shape import IB_BERT, Dims
 from distillery.models import build_student
+from distillery.shape import IB_BERT, Dims
 
 if TYPE_CHECKING:  # the shape functions serve params validation, which should not load transformers' model code
     from transformers import PreTrainedModel
@@ -62,7 +62,7 @@ def scratch_shape(student: Dims, shape: Dims | None = None) -> Dims:
     if shape is None:
         intra = 2 * student.hidden
         return Dims(student.layers, student.hidden, student.heads, 4 * intra, arch="mobilebert",
-                            extra={**IB_BERT, **_student_embedding(student), "intra_bottleneck_size": intra})
+                    extra={**IB_BERT, **_student_embedding(student), "intra_bottleneck_size": intra})
     if shape.arch != "mobilebert":
         raise IBShapeError(f"an IB teacher shape has arch mobilebert (bottlenecks), got {shape.arch}")
     if embedding_of(shape) != embedding_of(student):

@@ -17,8 +17,8 @@ import yaml
 
 from distillery.config import CUSTOM_SPLITS, ConfigError, Params, augment_sections, parse_params
 from distillery.io import hub_offline, resolve_path
-from distillery.shape import Dims
 from distillery.recipes import RecipeError, verify
+from distillery.shape import Dims
 
 
 def register_custom_tasks(p: Params, path: str = "params.yaml", root: Path | None = None) -> Params:

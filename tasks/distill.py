@@ -150,8 +150,8 @@ def task_files(p: Params, item: str):
 
 
 def run_task_distillation(p: Params, item: str) -> dict[str, Any]:
-    from distillery.shape import Dims
     from distillery.recipes import task_plan
+    from distillery.shape import Dims
     from distillery.training.plan import run_plan
     from distillery.training.task_data import open_task
 

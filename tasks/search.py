@@ -40,9 +40,9 @@ def run_search(p: Params, student: str) -> dict[str, Any]:
     from distillery.efficiency.budget import (Candidate, available_forms, finalists, successive_halving,
                                               time_candidates, within_budget)
     from distillery.io import atomic_dir, write_json
-    from distillery.shape import Dims
     from distillery.models import load_model
     from distillery.recipes import budget_shapes, task_plan, with_shape
+    from distillery.shape import Dims
     from distillery.training.plan import run_plan
     from distillery.training.task_data import open_task
     from distillery.report import retention, search_plot

@@ -45,8 +45,8 @@ def run_pretrain(p: Params, _: str | None) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from distillery import corpus
-    from distillery.shape import resolve_shape
     from distillery.models import build_student
+    from distillery.shape import resolve_shape
     from distillery.training.mlm import train_mlm
     from distillery.training.spec import TrainRun
 

@@ -48,6 +48,7 @@ def main(out: Path) -> None:
     from distillery.augment.glove import load_word_vectors
     from distillery.ib_teacher import convert_bert
     from distillery.layer_map import build_layer_map
+    from distillery.shape import resolve_shape
     from distillery.training.distill import distill, make_projection
     from distillery.training.distributed import per_device_batch, rank, world_size
     from distillery.training.finetune import finetune
@@ -55,7 +56,6 @@ def main(out: Path) -> None:
     from distillery.training.progressive_transfer import progressive_transfer, student_from_teacher
     from distillery.training.metrics import accuracy
     from distillery.training.spec import DistillSpec, Grid, TrainRun
-    from distillery.shape import resolve_shape
     from helpers import bert_config, encoded, sentences
 
     MOBILE = resolve_shape({"preset": "mobilebert-tiny", "layers": 2, "hidden": 32, "heads": 2, "intermediate": 16,

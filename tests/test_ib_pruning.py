@@ -10,11 +10,11 @@ import transformers as tr
 
 from distillery.ib_pruning import BlockImportance, measure_block_importance, prune_ib_teacher
 from distillery.ib_teacher import convert_bert
-from distillery.shape import Dims
 from distillery.models import build_student
 from distillery.pruning import PruningError
 from distillery.recipes import MobileBertRecipe, RecipeError
 from distillery.recipes.base import Shape
+from distillery.shape import Dims
 
 VOCAB = 60
 NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}

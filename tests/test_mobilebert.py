@@ -14,11 +14,11 @@ import transformers as tr
 
 from distillery.corpus import sentence_pairs
 from distillery.ib_teacher import IBShapeError, convert_bert, converted_shape, scratch_shape
-from distillery.shape import resolve_shape
 from distillery.models import build_student, load_model, num_parameters
 from distillery.objectives import LossOptions, attention_transfer_loss, feature_map_loss
 from distillery.shape import Dims
 from distillery.recipes import MobileBertRecipe, RecipeError
+from distillery.shape import resolve_shape
 from distillery.training.distill import Distiller, distill
 from distillery.training.log import read_log
 from distillery.training.pretraining_distillation import nsp_dataset

@@ -15,10 +15,10 @@ import yaml
 
 from distillery.config import ConfigError, parse_params
 from distillery.preflight import check_params
-from distillery.shape import Dims
 from distillery.objectives.pkd import hard_label_loss, patient_loss
 from distillery.objectives.registry import TERMS
 from distillery.recipes import RECIPES, RecipeError
+from distillery.shape import Dims
 from distillery.training.log import read_log
 from distillery.training.spec import Grid, TrainRun
 

@@ -114,8 +114,8 @@ def test_a_recipe_starts_its_student_pruned_from_the_teacher(tmp_path):
     the rows it is given; checked against the teacher's dims before any work."""
     import datasets
 
-    from distillery.shape import Dims
     from distillery.recipes import RECIPES, RecipeError, TinyBertRecipe
+    from distillery.shape import Dims
 
     t = teacher()
     vocab = tmp_path / "vocab.txt"

@@ -26,9 +26,9 @@ from typing import Annotated, Any, Callable, ClassVar, Literal, Mapping
 from pydantic import Field, field_validator, model_validator
 
 from distillery.errors import UserError
-from distillery.shape import Dims
 from distillery.recipes.schema import (LAYER_INITS, BudgetSpec, InitField, RandomInit, RecipeError, Section, Shape,
                                        official_teacher_layers, with_shape)
+from distillery.shape import Dims
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from distillery.shape import Dims
 from distillery.recipes.schema import LAYER_INITS, RecipeError, Shape, TeacherLayersInit, with_shape
+from distillery.shape import Dims
 
 
 def student_dims(recipe, teacher: Dims, key: str) -> Dims:

@@ -17,11 +17,11 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
-from distillery.shape import Dims
 from distillery.recipes.base import Recipe, RecipeError, StageContext, corpus_dataset
 from distillery.recipes.checks import student_dims
 from distillery.recipes.registry import register_recipe
 from distillery.recipes.schema import InitField, TeacherLayersInit
+from distillery.shape import Dims
 
 
 @register_recipe

@@ -20,11 +20,11 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from distillery.shape import Dims
 from distillery.recipes.base import Recipe, RecipeError, StageContext, StudentStage
 from distillery.recipes.checks import student_dims
 from distillery.recipes.registry import register_recipe
 from distillery.recipes.steps import after, extra, finetune, intermediate, student_start
+from distillery.shape import Dims
 
 
 @register_recipe

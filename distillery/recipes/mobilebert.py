@@ -20,11 +20,11 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from distillery.shape import Dims
 from distillery.recipes.base import Recipe, RecipeError, StageContext, StudentStage, corpus_dataset
 from distillery.recipes.checks import student_dims
 from distillery.recipes.registry import register_recipe
 from distillery.recipes.schema import Section, Shape
+from distillery.shape import Dims
 
 #: Corpus sequences on which the teachers' MLM losses are compared (same masks for every model).
 MLM_EVAL_SEQUENCES = 256

@@ -23,12 +23,12 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
-from distillery.shape import Dims
 from distillery.recipes.base import Recipe, RecipeError
 from distillery.recipes.checks import student_dims
 from distillery.recipes.registry import register_recipe
 from distillery.recipes.schema import InitField, TeacherLayersInit
 from distillery.recipes.steps import extra, student_start
+from distillery.shape import Dims
 
 
 @register_recipe

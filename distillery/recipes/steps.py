@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from distillery.shape import Dims
 from distillery.recipes.checks import cuts_distilled_student, wide_student
 from distillery.recipes.schema import LAYER_INITS
+from distillery.shape import Dims
 from distillery.training.plan import Plan, Start, Step
 
 

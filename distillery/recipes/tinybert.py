@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from distillery.shape import Dims
 from distillery.recipes.base import Recipe, RecipeError
 from distillery.recipes.checks import student_dims
 from distillery.recipes.registry import register_recipe
 from distillery.recipes.steps import after, intermediate, predict, student_start
+from distillery.shape import Dims
 
 
 @register_recipe
