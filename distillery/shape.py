@@ -82,10 +82,6 @@ class Dims:
                     f"student shape: init_layers has {len(self.init_layers)} entries for {self.layers} layers"
                 )
 
-    def __hash__(self) -> int:
-        return hash((self.layers, self.hidden, self.heads, self.intermediate, self.vocab, self.arch,
-                     tuple(sorted(self.extra.items())), self.init_layers))
-
     @classmethod
     def of_config(cls, cfg: Any) -> "Dims":
         """The numbers of a transformers config (any model type; DistilBERT's names are mapped by the config)."""
