@@ -17,10 +17,12 @@ Run: python -m benchmarks.distill [--reps 5] [--examples 256] [--skip-grid]
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import datasets
 import torch
@@ -74,22 +76,45 @@ def batch(n: int, seq: int, seed: int = 0, vocab: int = VOCAB) -> dict[str, torc
             "labels": torch.randint(0, 2, (n,), generator=g)}
 
 
-def step_benchmark(reps: int, bsz: int, seq: int, *, device: str = "cpu", bf16: bool = False,
-                   teacher_shape=TEACHER, student_shape=STUDENT, vocab: int = VOCAB) -> tuple[float, float]:
-    """Median seconds of (a) the floor step and (b) one intermediate-layer distillation step, interleaved; on a GPU
-    under bf16 autocast when `bf16` (fused AdamW there), synchronised around every timed step."""
+def step_benchmark(reps: int, bsz: int, seq: int, *, device: str = "cpu", bf16: bool = False, compiled: bool = False,
+                   profile: str | None = None, teacher_shape=TEACHER, student_shape=STUDENT,
+                   vocab: int = VOCAB) -> dict[str, float]:
+    """Median seconds of (a) the floor step and (b) one intermediate-layer distillation step, interleaved, by name
+    ("floor", "step"); on a GPU under bf16 autocast when `bf16` (fused AdamW there), synchronised around every timed
+    step. `compiled`: also "compiled", (b) with the teacher and the student each `torch.compile`d (copies of the same
+    weights; the losses stay eager). `profile`: a directory that gets `profile.txt`, each variant's hottest kernels
+    over 3 profiled steps and their device time a step beside the step's wall time."""
     dev = torch.device(device)
     teacher, student = teacher_model(teacher_shape, vocab).to(dev), student_model(student_shape, vocab).to(dev)
     lm = build_layer_map("uniform", student_shape[0], teacher_shape[0])
     spec = DistillSpec(INTERMEDIATE, "intermediate", lm)
-    proj = make_projection(student, teacher, lm).to(dev)
-    distiller = Distiller(student, teacher, spec, proj).train()
-    opt = torch.optim.AdamW([p for p in distiller.parameters() if p.requires_grad], lr=1e-4, fused=dev.type == "cuda")
     b = {k: v.to(dev) for k, v in batch(bsz, seq, vocab=vocab).items()}
-    student.train()
 
     def autocast():
         return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16)
+
+    def make_step(distiller: Distiller) -> Callable[[], None]:
+        opt = torch.optim.AdamW([p for p in distiller.parameters() if p.requires_grad], lr=1e-4,
+                                fused=dev.type == "cuda")
+        distiller.train()
+
+        def distil_step() -> None:
+            with autocast():
+                total = distiller(**b).loss
+            total.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        return distil_step
+
+    distiller = Distiller(student, teacher, spec, make_projection(student, teacher, lm).to(dev))
+    fns = {"step": make_step(distiller)}
+    if compiled:
+        t2, s2 = copy.deepcopy(teacher), copy.deepcopy(student)
+        t2.compile()
+        s2.compile()
+        fns["compiled"] = make_step(Distiller(s2, t2, spec, copy.deepcopy(distiller.projection)))
+    opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=1e-4, fused=dev.type == "cuda")
 
     def floor() -> None:
         with autocast():
@@ -100,30 +125,62 @@ def step_benchmark(reps: int, bsz: int, seq: int, *, device: str = "cpu", bf16: 
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    def distil_step() -> None:
-        with autocast():
-            total = distiller(**b).loss
-        total.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    fns = {"floor": floor, **fns}
 
     def sync() -> None:
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
 
-    floor(), distil_step()  # warm-up
-    ta, tb = [], []
+    for name, fn in list(fns.items()):  # warm-up (and compilation)
+        try:
+            fn(), fn()
+        except Exception as e:  # noqa: BLE001 - a variant that cannot run is reported and left out
+            if name != "compiled":
+                raise
+            print(f"    compiled step left out: {type(e).__name__}: {str(e)[:500]}", flush=True)
+            del fns[name]
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for i in range(reps):
-        for fn, acc in ((floor, ta), (distil_step, tb)) if i % 2 == 0 else ((distil_step, tb), (floor, ta)):
+        for name in list(fns) if i % 2 == 0 else list(fns)[::-1]:
             sync()
             t0 = time.perf_counter()
-            fn()
+            fns[name]()
             sync()
-            acc.append(time.perf_counter() - t0)
-    a, b_ = statistics.median(ta), statistics.median(tb)
-    print(f"(a) floor step: median {a:.3f}s  runs {[round(x, 3) for x in ta]}")
-    print(f"(b) intermediate distillation step: median {b_:.3f}s  runs {[round(x, 3) for x in tb]}")
-    return a, b_
+            times[name].append(time.perf_counter() - t0)
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    labels = {"floor": "(a) floor step", "step": "(b) intermediate distillation step",
+              "compiled": "    the same, teacher and student compiled"}
+    for name, ts in times.items():
+        print(f"{labels[name]}: median {med[name]:.4f}s  runs {[round(x, 4) for x in ts]}", flush=True)
+    if profile:
+        try:
+            profile_kernels(fns, Path(profile) / "profile.txt", med, dev, sync)
+        except Exception as e:  # noqa: BLE001 - the profile is an extra: the timings above stand without it
+            print(f"    profile failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+    return med
+
+
+def profile_kernels(fns: dict[str, Callable[[], None]], path: Path, med: dict[str, float], dev: torch.device,
+                    sync: Callable[[], None], steps: int = 3) -> None:
+    """Append each variant's hottest operators over `steps` profiled steps to `path` (device time on a GPU), with
+    the device time a step beside the variant's median wall time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    key = "self_device_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        for name, fn in fns.items():
+            sync()
+            with profile(activities=acts) as prof:
+                for _ in range(steps):
+                    fn()
+                sync()
+            avg = prof.key_averages()
+            busy = sum(getattr(e, key, 0) for e in avg) / steps / 1e3
+            f.write(f"## {name}: wall {1e3 * med[name]:.2f} ms a step, {key} {busy:.2f} ms a step\n")
+            f.write(avg.table(sort_by=key, row_limit=30, max_name_column_width=70) + "\n\n")
+            print(f"    profile {name}: {key} {busy:.2f} ms a step of {1e3 * med[name]:.2f} ms wall", flush=True)
 
 
 def grid_benchmark(examples: int, seq: int, tmp: Path, epochs: float) -> tuple[float, float]:
@@ -169,7 +226,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, batch {args.batch}, seq {args.seq}")
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        a, b = step_benchmark(args.reps, args.batch, args.seq)
+        t = step_benchmark(args.reps, args.batch, args.seq)
+        a, b = t["floor"], t["step"]
         c, dd = (float("nan"), float("nan")) if args.skip_grid else grid_benchmark(args.examples, args.seq, tmp, args.epochs)
     print(f"step_ratio: {b / a:.3f} cache_speedup: {c / dd:.2f}")
 

@@ -14,7 +14,12 @@ Run: python -m benchmarks.gpu            (needs CUDA; without it prints why and 
     distillation would take at that rate (`paper_gpu_hours`);
 (d) latency of the student vs the teacher at batch 1 and 32 (`distillery.efficiency.measure_latency`);
 The pipeline's own training loop against this bare step: `benchmarks.gpu_loop`.
-Last line: `aug_speedup: <a> step_ratio: <b> gd_seq_per_s: <c> mfu: <c's utilisation>`.
+With `--compile` (the default on CUDA) (b) and (c) also run with the teacher and the student `torch.compile`d;
+`--shapes preset` puts the gpu preset's 6 x 384 teacher in the BERT-base one's place; `--profile DIR` writes each
+step's hottest kernels to DIR/profile.txt. Beside the data sheet's peak, the device's own matmul ceiling at the step's
+linear-layer shapes (`distillery.efficiency.ceiling`) and the step's share of it.
+Last line: `aug_speedup: <a> step_ratio: <b> gd_seq_per_s: <c> mfu: <c's utilisation of the peak> ceiling_share: <of
+the measured ceiling>`, then with compilation `compiled_mfu`, `compiled_ceiling_share` and `compile_speedup`.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from benchmarks import augment as augment_bench
 from benchmarks.distill import (STUDENT, TEACHER, VOCAB, bert_config, step_benchmark, student_model,
                                 teacher_model)
 from distillery.efficiency import flops_per_example, measure_latency
+from distillery.efficiency.ceiling import layer_shapes, matmul_ceiling
 
 #: Dense bf16 tensor-core peaks (TFLOP/s, without sparsity) from the vendors' data sheets, by device-name fragment.
 PEAK_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0, "L4": 121.0}
@@ -35,6 +41,8 @@ PEAK_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0, 
 #: 1.3 WordPiece tokens per word (an assumption: uncased BERT vocabulary on English prose). The official run is
 #: reported at ~2,240 V100 GPU-hours for TinyBERT4 (../shared/reference/official-code.md).
 PAPER_WORDS, PAPER_EPOCHS, TOKENS_PER_WORD, OFFICIAL_GPU_HOURS = 2_500e6, 3, 1.3, 2240
+#: the gpu preset's teacher (all-MiniLM-L6-v2's shape, params/gpu.yaml)
+PRESET_TEACHER = (6, 384, 12, 1536)
 MICRO = dict(teacher_shape=(2, 32, 2, 64), student_shape=(1, 16, 2, 32), vocab=1000)
 
 
@@ -83,13 +91,22 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--sentences", type=int, default=200, help="augmentation sentences (SST-2 when shared)")
     p.add_argument("--peak-tflops", type=float, default=None)
+    p.add_argument("--shapes", choices=("paper", "preset"), default="paper",
+                   help="paper: BERT-base teacher, TinyBERT4 (default); preset: the gpu preset's 6 x 384 teacher")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="also the step with teacher and student torch.compile'd (default: on CUDA)")
+    p.add_argument("--no-aug", dest="aug", action="store_false", help="skip (a)")
+    p.add_argument("--profile", default=None, help="a directory for profile.txt (each step's hottest kernels)")
     args = p.parse_args(argv)
     if (device := device_or_none(args, "benchmarks.gpu")) is None:
         return None
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    shapes = MICRO if args.micro else dict(teacher_shape=TEACHER, student_shape=STUDENT, vocab=VOCAB)
+    if args.compile is None:
+        args.compile = device.type == "cuda"
+    teacher_shape = PRESET_TEACHER if args.shapes == "preset" else TEACHER
+    shapes = MICRO if args.micro else dict(teacher_shape=teacher_shape, student_shape=STUDENT, vocab=VOCAB)
     batch, seq = (4, 16) if args.micro else (args.batch, args.seq)
     bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
     print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}, "
@@ -97,17 +114,26 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
 
     aug_argv = ["--device", args.device, "--sentences", str(4 if args.micro else args.sentences)]
     aug_argv += ["--chunk", "4", "--n-aug", "2"] if args.micro else []
-    aug = augment_bench.main(aug_argv)
+    aug = augment_bench.main(aug_argv) if args.aug else float("nan")
 
-    floor, step = step_benchmark(2 if args.micro else args.reps, batch, seq, device=args.device, bf16=bf16, **shapes)
-    seq_per_s = batch / step
+    times = step_benchmark(2 if args.micro else args.reps, batch, seq, device=args.device, bf16=bf16,
+                           compiled=args.compile, profile=args.profile, **shapes)
+    floor, step = times["floor"], times["step"]
     peak = peak_tflops(device, args.peak_tflops)
-    achieved = step_flops(batch, seq, **shapes) / step
-    mfu = achieved / (peak * 1e12) if peak else float("nan")
-    print(f"(c) general distillation: {seq_per_s:.0f} sequences/s, {achieved / 1e12:.1f} TFLOP/s"
-          + (f" of {peak:.0f} peak" if peak else " (peak unknown: --peak-tflops)"))
-    print(f"    the paper's general distillation at this rate: {paper_gpu_hours(seq_per_s, seq):.1f} GPU-hours "
-          f"(official code: ~{OFFICIAL_GPU_HOURS} V100 GPU-hours)")
+    flops = step_flops(batch, seq, **shapes)
+    mfu = {name: flops / t / (peak * 1e12) if peak else float("nan") for name, t in times.items()}
+    (tl, th, _, ti), (sl, sh, _, si) = shapes["teacher_shape"], shapes["student_shape"]
+    ceiling = matmul_ceiling(layer_shapes(th, ti, batch * seq, training=False) * tl + layer_shapes(sh, si, batch * seq) * sl,
+                             dtype="bfloat16" if bf16 else "float32", device=args.device).flops_per_s
+    print(f"    this device's matmul ceiling at the step's linear-layer shapes: {ceiling / 1e12:.1f} TFLOP/s")
+    for name in [n for n in ("step", "compiled") if n in times]:
+        print(f"(c) general distillation{', compiled' if name == 'compiled' else ''}: {batch / times[name]:.0f} "
+              f"sequences/s, {flops / times[name] / 1e12:.1f} TFLOP/s"
+              + (f" of {peak:.0f} peak: MFU {mfu[name]:.3f}" if peak else " (peak unknown: --peak-tflops)"))
+    best = min((n for n in ("step", "compiled") if n in times), key=times.get)
+    seq_per_s = batch / times[best]
+    print(f"    the paper's general distillation at the faster rate ({best}): {paper_gpu_hours(seq_per_s, seq):.1f} "
+          f"GPU-hours (official code: ~{OFFICIAL_GPU_HOURS} V100 GPU-hours)")
 
     teacher = teacher_model(shapes["teacher_shape"], shapes["vocab"])
     student = student_model(shapes["student_shape"], shapes["vocab"]).eval()
@@ -116,8 +142,12 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
                               warmup=1 if args.micro else 5, reference="teacher", device=args.device)
         print(f"(d) latency batch {b}: teacher {res['teacher'].median_ms:.2f} ms, student {res['student'].median_ms:.2f} ms "
               f"({res['student'].speedup:.1f}x)")
-    out = {"aug_speedup": aug, "step_ratio": step / floor, "gd_seq_per_s": seq_per_s, "mfu": mfu}
-    print(f"aug_speedup: {aug:.1f} step_ratio: {step / floor:.3f} gd_seq_per_s: {seq_per_s:.0f} mfu: {mfu:.3f}")
+    out = {"aug_speedup": aug, "step_ratio": step / floor, "gd_seq_per_s": seq_per_s, "mfu": mfu["step"],
+           "ceiling_share": flops / step / ceiling}
+    if "compiled" in times:
+        out.update(compiled_mfu=mfu["compiled"], compiled_ceiling_share=flops / times["compiled"] / ceiling,
+                   compile_speedup=step / times["compiled"])
+    print(" ".join(f"{k}: {v:.3f}" for k, v in out.items()))
     return out
 
 

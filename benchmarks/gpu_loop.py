@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
     print(f"device {device_name}, torch {torch.__version__}, "
           f"transformers {transformers.__version__}, {os.cpu_count()} cores, kernel {platform.release()}, "
           f"batch {batch} x {seq}, {steps} steps", flush=True)
-    _, bare = step_benchmark(2 if args.micro else 10, batch, seq, device=args.device, bf16=bf16, **shapes)
+    bare = step_benchmark(2 if args.micro else 10, batch, seq, device=args.device, bf16=bf16, **shapes)["step"]
     times = {}
     for name, options in VARIANTS.items():
         times[name] = loop_step(steps, batch, seq, options=options, **shapes)
