@@ -164,6 +164,7 @@ def profile_kernels(fns: dict[str, Callable[[], None]], path: Path, med: dict[st
                     sync: Callable[[], None], steps: int = 3) -> None:
     """Append each variant's hottest operators over `steps` profiled steps to `path` (device time on a GPU), with
     the device time a step beside the variant's median wall time."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
@@ -177,7 +178,8 @@ def profile_kernels(fns: dict[str, Callable[[], None]], path: Path, med: dict[st
                     fn()
                 sync()
             avg = prof.key_averages()
-            busy = sum(getattr(e, key, 0) for e in avg) / steps / 1e3
+            kernels = [e for e in avg if e.device_type == (DeviceType.CUDA if dev.type == "cuda" else DeviceType.CPU)]
+            busy = sum(getattr(e, key, 0) for e in kernels) / steps / 1e3  # device kernels only (no op counted twice)
             f.write(f"## {name}: wall {1e3 * med[name]:.2f} ms a step, {key} {busy:.2f} ms a step\n")
             f.write(avg.table(sort_by=key, row_limit=30, max_name_column_width=70) + "\n\n")
             print(f"    profile {name}: {key} {busy:.2f} ms a step of {1e3 * med[name]:.2f} ms wall", flush=True)

@@ -28,15 +28,18 @@ OFFICIAL_MASK_VALUE = -10000.0
 OFFICIAL_ZERO_THRESHOLD = -100.0
 
 
-#: elements of the (B, H, T, T) scores the official attention loss reads at a time (1 MiB of float32): the masking,
-#: the difference, its square and its gradient run on a slice while it is in the cache
+#: elements of the (B, H, T, T) scores the official attention loss reads at a time on a CPU (1 MiB of float32): the
+#: masking, the difference, its square and its gradient run on a slice while it is in the cache. On a GPU the whole
+#: tensor is one slice: there each slice costs a handful of kernel launches (at batch 256 x 128, 1 MiB slices were
+#: ~5,000 launches a step and bound the step by the host)
 CHUNK = 1 << 18
 
 
 class _OfficialScoreMSE(torch.autograd.Function):
     """MSE(official(s), official(t)) for student scores `s` and teacher scores `t` (B, H, T, T), `offset` (B, 1, 1, T):
     official(x) is x + offset (0, or OFFICIAL_MASK_VALUE on padded keys) with entries at or below
-    OFFICIAL_ZERO_THRESHOLD set to 0, which is `torch.nn.functional.threshold`. Slice by slice of `CHUNK` elements:
+    OFFICIAL_ZERO_THRESHOLD set to 0, which is `torch.nn.functional.threshold`. Slice by slice of `CHUNK` elements (on a
+    CPU; one slice elsewhere):
     each slice's difference, its sum of squares (a dot product, accumulated in the scores' dtype, float32 or float64)
     and its gradient, 2/N (official(s) - official(t)) where the student's entry is kept, which the forward saves; one
     read of `s` and `t` and one write, in a few elementwise kernels."""
@@ -47,7 +50,7 @@ class _OfficialScoreMSE(torch.autograd.Function):
         s, t = s.reshape(b * h, n, n), t.reshape(b * h, n, n)
         offset = offset.expand(b, h, 1, n).reshape(b * h, 1, n)
         masked_diff = torch.empty_like(s)
-        step = max(1, CHUNK // (n * n))
+        step = max(1, CHUNK // (n * n)) if s.device.type == "cpu" else b * h
         total = s.new_zeros(())
         for i in range(0, b * h, step):
             sl = slice(i, i + step)
