@@ -83,15 +83,18 @@ def append_run(md: str | Path, run_dir: str | Path, *, command: str, seconds: fl
     return _append(md, row)
 
 
-def append_output(md: str | Path, output: str | Path, *, command: str, seconds: float) -> dict[str, Any]:
+def append_output(md: str | Path, output: str | Path, *, command: str, seconds: float, machine_name: str | None = None,
+                  commit: str | None = None) -> dict[str, Any]:
     """Add a benchmark's run to the log beside `md`: `output`, the file its console output went to (every line kept,
-    its last line the figures it is read by), with the command and wall time; the commit is the project's."""
+    its last line the figures it is read by), with the command and wall time; the commit is the project's and the
+    machine this one unless given (a run on another machine, e.g. a lent GPU)."""
     md, output = Path(md), Path(output)
     lines = [ln.rstrip() for ln in output.read_text(encoding="utf-8").splitlines() if ln.strip()]
     if not lines:
         raise ValueError(f"{output}: empty (the benchmark's console output goes there)")
-    row = {"date": _dt.date.today().isoformat(), "commit": _commit(Path(__file__).resolve().parent),
-           "machine": machine(), "command": command, "wall_s": round(seconds, 1), "output": lines, "tasks": {}}
+    row = {"date": _dt.date.today().isoformat(), "commit": commit or _commit(Path(__file__).resolve().parent),
+           "machine": machine_name or machine(), "command": command, "wall_s": round(seconds, 1), "output": lines,
+           "tasks": {}}
     return _append(md, row)
 
 
@@ -188,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", help="instead of a run directory: the console output of a benchmark's run")
     parser.add_argument("--command", required=True, help="the command that made the run, as a reader would type it")
     parser.add_argument("--seconds", type=float, required=True, help="its wall time")
+    parser.add_argument("--machine", help="with --output: the machine it ran on, when not this one (lscpu's model name"
+                        " and cores; a GPU's name)")
+    parser.add_argument("--commit", help="with --output: the commit it ran at, when not this checkout's HEAD")
     parser.add_argument("--log", default=str(Path(__file__).resolve().parents[1] / "docs" / "results.md"),
                         help="the results page (its .jsonl beside it holds the rows)")
     args = parser.parse_args(argv)
@@ -198,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.output is not None:
             if not Path(args.output).is_file():
                 raise InputNotFoundError(f"{args.output}: no such file (the benchmark's console output)")
-            row = append_output(args.log, args.output, command=args.command, seconds=args.seconds)
+            row = append_output(args.log, args.output, command=args.command, seconds=args.seconds,
+                                machine_name=args.machine, commit=args.commit)
             print(f"{args.log}: added the run of {row['date']} ({row['commit']}, {row['machine']})")
             return 0
         if not (Path(args.run_dir) / "metrics" / "summary.json").is_file():
