@@ -55,7 +55,9 @@ def mib(n: float) -> str:
 
 def local_inputs(params_file: str, root: Path = ROOT) -> list[Path]:
     """The local paths outside the project `root` that the params read (the teacher directory, the GLUE directory,
-    the SQuAD file, the corpus files, the word vectors); each must lie beside the project (under its parent)."""
+    the SQuAD file, the corpus files, the word vectors) and the BERT vocabulary `benchmarks.augment` tokenises with
+    where it is there (without it that benchmark's generated vocabulary leaves few single-piece words to mask); each
+    must lie beside the project (under its parent)."""
     from distillery.config import augment_sections
     from distillery.io import resolve_path
     from distillery.preflight import load_params
@@ -70,6 +72,8 @@ def local_inputs(params_file: str, root: Path = ROOT) -> list[Path]:
     named += list(p.corpus.paths) if p.corpus.source == "files" else []
     if any(a.enabled for a in augment_sections(p)) and p.word_vectors.source == "file":
         named.append(p.word_vectors.path)
+    vocab = root.parent / "shared" / "data" / "vocab" / "bert-base-uncased-vocab.txt"  # benchmarks.augment's VOCAB
+    named += [str(vocab)] if vocab.is_file() else []
     paths = [q for q in dict.fromkeys(resolve_path(n, root) for n in named if n) if not q.is_relative_to(root)]
     if far := [str(q) for q in paths if not q.is_relative_to(root.parent)]:
         raise UserError(f"{params_file}: {', '.join(far)} not beside the project ({root.parent}): the bundle keeps "
