@@ -40,10 +40,11 @@ TRAINER_DEFAULTS = {"dataloader_num_workers": 0, "dataloader_persistent_workers"
 #: Training options over the pipeline's, each measured against the pipeline's own loop.
 VARIANTS: dict[str, dict] = {
     "trainer_defaults": TRAINER_DEFAULTS,
-    "pipeline": {},
+    "pipeline": {"compile": "auto"},
     "no_workers": {k: v for k, v in TRAINER_DEFAULTS.items() if k != "logging_nan_inf_filter"},
     "nan_check": {"logging_nan_inf_filter": True},
     "no_pin_memory": {"dataloader_pin_memory": False},
+    "eager": {"compile": "off"},  # the pipeline's loop without torch.compile (distillery.training.compiled)
 }
 
 
@@ -60,6 +61,7 @@ def loop_step(steps: int, batch: int, seq: int, *, teacher_shape, student_shape,
     from tokenizers import Tokenizer, models
 
     from distillery.layer_map import build_layer_map
+    from distillery.training import compiled
     from distillery.training.distill import distill
     from distillery.training.spec import DistillSpec, TrainRun
 
@@ -79,16 +81,20 @@ def loop_step(steps: int, batch: int, seq: int, *, teacher_shape, student_shape,
     teacher, student = teacher_model(teacher_shape, vocab), student_model(student_shape, vocab)
     clock = Clock()
     spec = DistillSpec(INTERMEDIATE, "intermediate", build_layer_map("uniform", student_shape[0], teacher_shape[0]))
+    options = dict(options or {})
+    setting = options.pop("compile", "off")  # the pipeline's switch (not a training argument); off unless a variant
+    # sets it, so the loader variants compare with the eager runs before it
     args = dict(per_device_train_batch_size=batch, max_steps=steps, learning_rate=1e-4, save_strategy="no",
-                disable_tqdm=True, logging_steps=10, **(options or {}))
+                disable_tqdm=True, logging_steps=10, **options)
     with tempfile.TemporaryDirectory(prefix="gpu-bench-loop-") as out:
         run = TrainRun(out, rows, tokenizer=tok, callbacks=[clock], args=args, resume=False)
         if not profile:
-            distill(teacher, student, spec, run)
+            with compiled.use(setting):
+                distill(teacher, student, spec, run)
         else:
             acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
                                                             if torch.cuda.is_available() else [])
-            with torch.profiler.profile(activities=acts) as prof:
+            with torch.profiler.profile(activities=acts) as prof, compiled.use(setting):
                 distill(teacher, student, spec, run)
             table = prof.key_averages()  # the host's view (data loader, Python, launches), then the device's
             for key in ("cpu_time_total", "self_cpu_time_total") + (("self_cuda_time_total",) if len(acts) > 1 else ()):

@@ -533,6 +533,9 @@ class Params(Section):
     # every training loop and inference path (distillery.precision): auto = bf16 autocast where the device is fast at
     # it (a bf16 GPU; a CPU with AMX or AVX512-BF16), fp32 elsewhere; weights and checkpoints stay fp32
     precision: Literal["auto", "fp32", "bf16"] = "auto"
+    # torch.compile of the teacher's and student's forwards in distillation (distillery.training.compiled): auto = on a
+    # GPU, where the compiled step measured faster; off on a CPU
+    compile: Literal["auto", "on", "off"] = "auto"
     data: DataSection = DataSection()  # the tasks: where they come from and how they are encoded
     corpus: CorpusSection = CorpusSection()  # raw text: the teacher's MLM, general distillation, word vectors
     teacher: TeacherSection  # the teacher: a fresh model of a shape, or a pretrained checkpoint

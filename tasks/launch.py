@@ -50,9 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     start(None if p.distributed.backend == "auto" else p.distributed.backend)
     set_seed(p.seed)
     from distillery import precision
+    from distillery.training import compiled
 
     try:
-        with precision.use(p.precision):  # as in tasks.stage.run_stage
+        with precision.use(p.precision), compiled.use(p.compile):  # as in tasks.stage.run_stage
             result = run(p, args.item)
     except SkipStage as exc:
         if is_main():

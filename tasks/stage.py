@@ -110,6 +110,8 @@ def _with_compute(fn: Callable[[Params, str | None], dict[str, Any]], device: bo
     @functools.wraps(fn)
     def params(p: Params, item: str | None) -> dict[str, Any]:
         compute = {"precision": p.precision} if device else {}
+        if device and p.compile != "auto":  # auto keeps the key it had before the switch existed
+            compute["compile"] = p.compile
         if distributed and p.distributed.nproc_per_node > 1:
             compute["distributed"] = p.distributed.model_dump(mode="json")
         return {**fn(p, item), **compute}
@@ -263,10 +265,11 @@ def run_stage(stage: Stage, params: Params, item: str | None, key: str | None = 
         # (File stages use their own seeded generators: they may run beside a training stage and must not reseed it.)
         set_seed(params.seed)
     from distillery import precision
+    from distillery.training import compiled
 
     p = for_item(params, item)
     try:
-        with precision.use(params.precision):
+        with precision.use(params.precision), compiled.use(params.compile):
             result = launch(stage.run, p, item) if _on_ranks(stage, p) else stage.run(p, item)
     except SkipStage as exc:
         write_skipped(stage.outs(params, item), exc.reason)

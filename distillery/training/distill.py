@@ -44,6 +44,7 @@ from distillery.models import hidden_size, num_heads, num_layers
 from distillery.objectives import HiddenProjection
 from distillery.objectives.registry import TERMS, Batch, capture_specs
 from distillery.training.args import collator_for, training_arguments
+from distillery.training.compiled import compile_models
 from distillery.training.distill_state import load_projection_into, save_projection
 from distillery.training.saving import checkpoint_dir
 from distillery.training.spec import DistillSpec, TrainRun
@@ -326,6 +327,7 @@ def distill(teacher: PreTrainedModel | None, student: PreTrainedModel, spec: Dis
     targs = training_arguments(checkpoint_dir(run.output_dir), {"label_names": ["labels"], **run.args}, select=has_eval)
     if teacher is not None:
         teacher.to(targs.device)
+    compile_models(teacher, student, device=targs.device)
     collator = DistillationCollator(run.data_collator or collator_for(run.tokenizer))
     return train_and_export(DistillationTrainer, model, run, targs, data_collator=collator, evaluate=has_eval,
                             export=student, extra=(lambda d: save_projection(proj, d)) if proj is not None else None)

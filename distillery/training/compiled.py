@@ -1,0 +1,59 @@
+"""`torch.compile` of the models a distillation step runs, where it pays.
+
+``compile`` in params is ``auto`` (the default), ``on`` or ``off``. With it on, `distill` compiles the teacher's and
+the student's forwards in place (`torch.nn.Module.compile`: the modules, their weights and what they save are
+unchanged); the capture hooks and the loss terms stay eager. Inductor fuses each layer's elementwise work (bias,
+GELU, dropout, LayerNorm, the casts of bf16 autocast) into a few kernels and issues far fewer launches, which is what
+bounds a GPU's step at these models' widths. ``auto`` is on where `python -m benchmarks.gpu` measured the compiled
+step faster (a CUDA device) and off on a CPU, where compiling costs minutes of each run and the step did not get
+faster (`benchmarks.gpu`'s runs: docs/results.md). Compiled kernels change the rounding of some sums, so a compiled
+run is not bit-identical to an eager one; two compiled runs on one machine kind are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Iterator, Literal
+
+import torch
+from torch import nn
+
+from distillery.precision import device_type
+
+Setting = Literal["auto", "on", "off"]
+SETTINGS: tuple[str, ...] = ("auto", "on", "off")
+_SETTING: contextvars.ContextVar[str | None] = contextvars.ContextVar("distillery_compile", default=None)
+
+
+def enabled(device: str | torch.device | None = None) -> bool:
+    """Whether the setting in force (`use`; ``auto`` without one) compiles on `device`."""
+    setting = _SETTING.get() or "auto"
+    if setting not in SETTINGS:
+        raise ValueError(f"compile: expected one of {', '.join(SETTINGS)}, got {setting!r}")
+    return device_type(device) == "cuda" if setting == "auto" else setting == "on"
+
+
+@contextlib.contextmanager
+def use(setting: str) -> Iterator[None]:
+    """Make `setting` the compile setting of everything inside (this thread / task context)."""
+    if setting not in SETTINGS:
+        raise ValueError(f"compile: expected one of {', '.join(SETTINGS)}, got {setting!r}")
+    token = _SETTING.set(setting)
+    try:
+        yield
+    finally:
+        _SETTING.reset(token)
+
+
+def compile_models(*models: nn.Module | None, device: str | torch.device | None = None) -> int:
+    """Compile each model's forward in place where `enabled` on `device` (a model compiled before is left as it is);
+    how many were compiled now."""
+    if not enabled(device):
+        return 0
+    done = 0
+    for model in models:
+        if model is not None and getattr(model, "_compiled_call_impl", None) is None:
+            model.compile()
+            done += 1
+    return done
