@@ -5,12 +5,14 @@
 #
 #     bash benchmarks/gpu_run.sh SECONDS OUTDIR [PARAMS]
 #
-# 1. unpack the bundle; 2. benchmarks.gpu, benchmarks.precision --device cuda and benchmarks.gpu_loop (the pipeline's
-# training loop under loader options, its host profile and a device trace); 3. the preset's general
+# 1. unpack the bundle; 2. benchmarks.gpu at the paper's shapes and at the preset's (each step eager and compiled, with
+# its kernel profile) and benchmarks.gpu_loop (the pipeline's training loop under loader options and compiled, its host
+# profile and a device trace); 3. the preset's general
 # distillation (and what it needs); 4. its TinyBERT student on MRPC and on SQuAD, each with its teacher and direct
 # baseline, the two tasks side by side on the one GPU; 5. their evaluate stages one at a time (latency is timed alone).
-# OUTDIR gets env.txt, unpack.log, bench.log, loop.log, host_profile.txt, trace.json.gz, stages.log (the stages'
-# console) and results.tgz (metrics/, reports/ and the models' small JSON/CSV files): 8 files, the most a call returns.
+# OUTDIR gets env.txt, bench.log, profile.txt, loop.log, host_profile.txt, trace.json.gz, stages.log (the stages'
+# console) and results.tgz (metrics/, reports/ and the models' small JSON/CSV files): 8 files, the most a call returns
+# (unpack.log in place of env.txt when the unpack fails).
 set -u
 budget=${1:-520}
 out=${2:-${OUT:-gpu-out}}
@@ -24,10 +26,10 @@ py=python3
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc
   $py -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 } > "$out/env.txt" 2>&1
-$py -m benchmarks.gpu_bundle unpack > "$out/unpack.log" 2>&1 || { tail -20 "$out/unpack.log"; exit 1; }
-timeout 150 $py -m benchmarks.gpu 2>&1 | tee "$out/bench.log"
-timeout 120 $py -m benchmarks.precision --device cuda 2>&1 | tee -a "$out/bench.log"
-timeout 150 $py -m benchmarks.gpu_loop --out "$out" > "$out/loop.log" 2>&1  # the loop's options, host profile, trace
+$py -m benchmarks.gpu_bundle unpack > /tmp/unpack.log 2>&1 || { mv /tmp/unpack.log "$out/"; tail -20 "$out/unpack.log"; exit 1; }
+timeout 200 $py -m benchmarks.gpu --profile "$out" 2>&1 | tee "$out/bench.log"
+timeout 120 $py -m benchmarks.gpu --shapes preset --no-aug --profile "$out" 2>&1 | tee -a "$out/bench.log"
+timeout 240 $py -m benchmarks.gpu_loop --out "$out" > "$out/loop.log" 2>&1  # the loop's options, host profile, trace
 
 save() {
   tar czf "$out/results.tgz" metrics reports \
