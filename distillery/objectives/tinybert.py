@@ -30,8 +30,7 @@ OFFICIAL_ZERO_THRESHOLD = -100.0
 
 #: elements of the (B, H, T, T) scores the official attention loss reads at a time on a CPU (1 MiB of float32): the
 #: masking, the difference, its square and its gradient run on a slice while it is in the cache. On a GPU the whole
-#: tensor is one slice: there each slice costs a handful of kernel launches (at batch 256 x 128, 1 MiB slices were
-#: ~5,000 launches a step and bound the step by the host)
+#: tensor is one slice: there each slice costs a handful of kernel launches, and many slices bind the step to the host
 CHUNK = 1 << 18
 
 
