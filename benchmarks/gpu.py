@@ -126,11 +126,12 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
     ceiling = matmul_ceiling(layer_shapes(th, ti, batch * seq, training=False) * tl + layer_shapes(sh, si, batch * seq) * sl,
                              dtype="bfloat16" if bf16 else "float32", device=args.device).flops_per_s
     print(f"    this device's matmul ceiling at the step's linear-layer shapes: {ceiling / 1e12:.3g} TFLOP/s")
-    for name in [n for n in ("step", "compiled") if n in times]:
+    steps = [n for n in ("step", "compiled") if n in times]
+    for name in steps:
         print(f"(c) general distillation{', compiled' if name == 'compiled' else ''}: {batch / times[name]:.0f} "
               f"sequences/s, {flops / times[name] / 1e12:.3g} TFLOP/s"
               + (f" of {peak:.0f} peak: MFU {mfu[name]:.3f}" if peak else " (peak unknown: --peak-tflops)"))
-    best = min((n for n in ("step", "compiled") if n in times), key=times.get)
+    best = min(steps, key=times.get)
     seq_per_s = batch / times[best]
     print(f"    the paper's general distillation at the faster rate ({best}): {paper_gpu_hours(seq_per_s, seq):.1f} "
           f"GPU-hours (official code: ~{OFFICIAL_GPU_HOURS} V100 GPU-hours)")

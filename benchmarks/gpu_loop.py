@@ -33,7 +33,7 @@ from benchmarks import gpu
 from benchmarks.distill import INTERMEDIATE, STUDENT, VOCAB, step_benchmark, student_model, teacher_model
 
 #: The `gpu` preset's general distillation: all-MiniLM-L6-v2's shape as teacher, TinyBERT4 as student (params/gpu.yaml).
-PRESET = dict(teacher_shape=(6, 384, 12, 1536), student_shape=STUDENT, vocab=VOCAB)
+PRESET = dict(teacher_shape=gpu.PRESET_TEACHER, student_shape=STUDENT, vocab=VOCAB)
 #: The Trainer's own loader and loss check (the pipeline's loop before `distillery.training.args.loader_options`).
 TRAINER_DEFAULTS = {"dataloader_num_workers": 0, "dataloader_persistent_workers": False,
                     "dataloader_prefetch_factor": None, "logging_nan_inf_filter": True}
