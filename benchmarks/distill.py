@@ -31,6 +31,7 @@ import transformers
 from distillery.layer_map import build_layer_map
 from distillery.models import student_config
 from distillery.shape import Dims
+from distillery.training.compiled import compile_step, use as use_compile
 from distillery.training.distill import Distiller, make_projection
 from distillery.training.grid import prediction_grid
 from distillery.training.metrics import accuracy
@@ -81,8 +82,9 @@ def step_benchmark(reps: int, bsz: int, seq: int, *, device: str = "cpu", bf16: 
                    vocab: int = VOCAB) -> dict[str, float]:
     """Median seconds of (a) the floor step and (b) one intermediate-layer distillation step, interleaved, by name
     ("floor", "step"); on a GPU under bf16 autocast when `bf16` (fused AdamW there), synchronised around every timed
-    step. `compiled`: also "compiled", (b) with the teacher and the student each `torch.compile`d (copies of the same
-    weights; the losses stay eager). `profile`: a directory that gets `profile.txt`, each variant's hottest kernels
+    step. `compiled`: also "forwards", (b) with the teacher's and the student's forwards `torch.compile`d (copies of
+    the same weights; the losses eager), and "compiled", the pipeline's compiled step (`compiled.compile_step`: the
+    losses too). `profile`: a directory that gets `profile.txt`, each variant's hottest kernels
     over 3 profiled steps and their device time a step beside the step's wall time."""
     dev = torch.device(device)
     teacher, student = teacher_model(teacher_shape, vocab).to(dev), student_model(student_shape, vocab).to(dev)
@@ -109,11 +111,15 @@ def step_benchmark(reps: int, bsz: int, seq: int, *, device: str = "cpu", bf16: 
 
     distiller = Distiller(student, teacher, spec, make_projection(student, teacher, lm).to(dev))
     fns = {"step": make_step(distiller)}
-    if compiled:
+    if compiled:  # copies of the same weights: forwards compiled, losses eager; then the pipeline's compiled step
         t2, s2 = copy.deepcopy(teacher), copy.deepcopy(student)
         t2.compile()
         s2.compile()
-        fns["compiled"] = make_step(Distiller(s2, t2, spec, copy.deepcopy(distiller.projection)))
+        fns["forwards"] = make_step(Distiller(s2, t2, spec, copy.deepcopy(distiller.projection)))
+        whole = Distiller(copy.deepcopy(student), copy.deepcopy(teacher), spec, copy.deepcopy(distiller.projection))
+        with use_compile("on"):
+            compile_step(whole)
+        fns["compiled"] = make_step(whole)
     opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=1e-4, fused=dev.type == "cuda")
 
     def floor() -> None:
@@ -135,9 +141,9 @@ def step_benchmark(reps: int, bsz: int, seq: int, *, device: str = "cpu", bf16: 
         try:
             fn(), fn()
         except Exception as e:  # noqa: BLE001 - a variant that cannot run is reported and left out
-            if name != "compiled":
+            if name not in ("forwards", "compiled"):
                 raise
-            print(f"    compiled step left out: {type(e).__name__}: {str(e)[:500]}", flush=True)
+            print(f"    {name} step left out: {type(e).__name__}: {str(e)[:500]}", flush=True)
             del fns[name]
     times: dict[str, list[float]] = {name: [] for name in fns}
     for i in range(reps):
@@ -149,7 +155,8 @@ def step_benchmark(reps: int, bsz: int, seq: int, *, device: str = "cpu", bf16: 
             times[name].append(time.perf_counter() - t0)
     med = {name: statistics.median(ts) for name, ts in times.items()}
     labels = {"floor": "(a) floor step", "step": "(b) intermediate distillation step",
-              "compiled": "    the same, teacher and student compiled"}
+              "forwards": "    the same, teacher's and student's forwards compiled",
+              "compiled": "    the same, forwards and losses compiled (compile: on)"}
     for name, ts in times.items():
         print(f"{labels[name]}: median {med[name]:.4f}s  runs {[round(x, 4) for x in ts]}", flush=True)
     if profile:

@@ -14,7 +14,8 @@ Run: python -m benchmarks.gpu            (needs CUDA; without it prints why and 
     distillation would take at that rate (`paper_gpu_hours`);
 (d) latency of the student vs the teacher at batch 1 and 32 (`distillery.efficiency.measure_latency`);
 The pipeline's own training loop against this bare step: `benchmarks.gpu_loop`.
-With `--compile` (the default on CUDA) (b) and (c) also run with the teacher and the student `torch.compile`d;
+With `--compile` (the default on CUDA) (b) and (c) also run with the teacher's and student's forwards
+`torch.compile`d, and compiled as the pipeline does (`compile: on`: the losses too);
 `--shapes preset` puts the gpu preset's 6 x 384 teacher in the BERT-base one's place; `--profile DIR` writes each
 step's hottest kernels to DIR/profile.txt. Beside the data sheet's peak, the device's own matmul ceiling at the step's
 linear-layer shapes (`distillery.efficiency.ceiling`) and the step's share of it.
@@ -89,13 +90,15 @@ def device_or_none(args: argparse.Namespace, benchmark: str) -> torch.device | N
 def main(argv: list[str] | None = None) -> dict[str, float] | None:
     p = gpu_parser(__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--sentences", type=int, default=200, help="augmentation sentences (SST-2 when shared)")
+    p.add_argument("--sentences", type=int, default=400, help="augmentation sentences (SST-2 when shared)")
     p.add_argument("--peak-tflops", type=float, default=None)
     p.add_argument("--shapes", choices=("paper", "preset"), default="paper",
                    help="paper: BERT-base teacher, TinyBERT4 (default); preset: the gpu preset's 6 x 384 teacher")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="also the step with teacher and student torch.compile'd (default: on CUDA)")
     p.add_argument("--no-aug", dest="aug", action="store_false", help="skip (a)")
+    p.add_argument("--aug-batch", type=int, default=2048, help="(a)'s masked copies per MLM forward")
+    p.add_argument("--aug-chunk", type=int, default=200, help="(a)'s sentences batched together")
     p.add_argument("--profile", default=None, help="a directory for profile.txt (each step's hottest kernels)")
     args = p.parse_args(argv)
     if (device := device_or_none(args, "benchmarks.gpu")) is None:
@@ -113,7 +116,8 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
           f"bf16 {bf16}, batch {batch}, sequence {seq}", flush=True)
 
     aug_argv = ["--device", args.device, "--sentences", str(4 if args.micro else args.sentences)]
-    aug_argv += ["--chunk", "4", "--n-aug", "2"] if args.micro else []
+    aug_argv += ["--chunk", "4", "--n-aug", "2"] if args.micro else ["--chunk", str(args.aug_chunk),
+                                                                     "--batch-size", str(args.aug_batch)]
     aug = augment_bench.main(aug_argv) if args.aug else float("nan")
 
     times = step_benchmark(2 if args.micro else args.reps, batch, seq, device=args.device, bf16=bf16,
@@ -126,9 +130,10 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
     ceiling = matmul_ceiling(layer_shapes(th, ti, batch * seq, training=False) * tl + layer_shapes(sh, si, batch * seq) * sl,
                              dtype="bfloat16" if bf16 else "float32", device=args.device).flops_per_s
     print(f"    this device's matmul ceiling at the step's linear-layer shapes: {ceiling / 1e12:.3g} TFLOP/s")
-    steps = [n for n in ("step", "compiled") if n in times]
+    steps = [n for n in ("step", "forwards", "compiled") if n in times]
+    variant = {"step": "", "forwards": ", forwards compiled", "compiled": ", compiled"}
     for name in steps:
-        print(f"(c) general distillation{', compiled' if name == 'compiled' else ''}: {batch / times[name]:.0f} "
+        print(f"(c) general distillation{variant[name]}: {batch / times[name]:.0f} "
               f"sequences/s, {flops / times[name] / 1e12:.3g} TFLOP/s"
               + (f" of {peak:.0f} peak: MFU {mfu[name]:.3f}" if peak else " (peak unknown: --peak-tflops)"))
     best = min(steps, key=times.get)

@@ -37,28 +37,32 @@ def _bert(dims: Dims) -> transformers.BertForSequenceClassification:
 
 @pytest.mark.xdist_group("compile")
 def test_compiled_step_equals_eager():
-    """TinyBERT's intermediate step (capture hooks on the compiled modules, eqs. 7-9) with teacher and student
-    compiled: the same terms and student gradients as eager, within float32 rounding; compiling twice is a no-op."""
+    """TinyBERT's intermediate step (capture hooks on the compiled modules, eqs. 7-9) with teacher, student and
+    objectives compiled: the same terms, student and projection gradients as eager, within float32 rounding;
+    compiling twice is a no-op."""
     torch.manual_seed(0)
     teacher, student = _bert(Dims(2, 32, 2, 64)).eval(), _bert(Dims(1, 16, 2, 32))
     lm = build_layer_map("uniform", 1, 2)
     spec = DistillSpec({"attention_loss": 1.0, "hidden_loss": 1.0, "embedding_loss": 1.0}, "intermediate", lm)
     proj = make_projection(student, teacher, lm)
-    t2, s2 = copy.deepcopy(teacher), copy.deepcopy(student)
+    eager = Distiller(student, teacher, spec, copy.deepcopy(proj))
+    fused = Distiller(copy.deepcopy(student), copy.deepcopy(teacher), spec, copy.deepcopy(proj))
     with compiled.use("off"):
-        assert compiled.compile_models(t2, s2) == 0
+        assert not compiled.compile_step(fused)
     with compiled.use("on"):
-        assert compiled.compile_models(t2, s2, device="cpu") == 2
-        assert compiled.compile_models(t2, s2, device="cpu") == 0
+        assert compiled.compile_step(fused, device="cpu")
+        fn = fused._compiled_objectives
+        assert compiled.compile_step(fused, device="cpu") and fused._compiled_objectives is fn  # compiled once
     ids = torch.randint(1, 300, (3, 12))
     mask = torch.ones_like(ids)
     mask[1, 8:] = 0
     runs = []
-    for t, s in ((teacher, student), (t2, s2)):
-        out = Distiller(s, t, spec, copy.deepcopy(proj)).train()(input_ids=ids, attention_mask=mask)
+    for d in (eager, fused):
+        out = d.train()(input_ids=ids, attention_mask=mask)
         out.loss.backward()
         # a parameter no term reads (pooler, classifier) has no gradient eager and a zero one compiled
-        runs.append((out.terms, {n: torch.zeros_like(p) if p.grad is None else p.grad for n, p in s.named_parameters()}))
+        runs.append((out.terms, {n: torch.zeros_like(p) if p.grad is None else p.grad
+                                 for n, p in d.named_parameters()}))
     (eager_terms, eager_grads), (comp_terms, comp_grads) = runs
     for name in eager_terms:
         torch.testing.assert_close(comp_terms[name], eager_terms[name], rtol=1e-4, atol=1e-6)

@@ -2,7 +2,8 @@
 
 ``compile`` in params is ``auto`` (the default), ``on`` or ``off``. With it on, `distill` compiles the teacher's and
 the student's forwards in place (`torch.nn.Module.compile`: the modules, their weights and what they save are
-unchanged); the capture hooks and the loss terms stay eager. Inductor fuses each layer's elementwise work (bias,
+unchanged; the capture hooks run inside) and the loss terms (`Distiller.objectives`, forward and backward: the fp32
+casts of what autocast captured fuse into the losses' reductions). Inductor fuses each layer's elementwise work (bias,
 GELU, dropout, LayerNorm, the casts of bf16 autocast) into a few kernels and issues far fewer launches, which is what
 bounds a GPU's step at these models' widths. ``auto`` is on where `python -m benchmarks.gpu` measured the compiled
 step faster (a CUDA device) and off on a CPU, where compiling costs minutes of each run and the step did not get
@@ -43,14 +44,13 @@ def use(setting: str) -> Iterator[None]:
         _SETTING.reset(token)
 
 
-def compile_models(*models: nn.Module | None, device: str | torch.device | None = None) -> int:
-    """Compile each model's forward in place where `enabled` on `device` (a model compiled before is left as it is);
-    how many were compiled now."""
+def compile_step(distiller: nn.Module, device: str | torch.device | None = None) -> bool:
+    """Where `enabled` on `device`: compile the teacher's and the student's forwards in place and the distiller's
+    objectives (`Distiller.compile_objectives`); whether it did. What was compiled before is left as it is."""
     if not enabled(device):
-        return 0
-    done = 0
-    for model in models:
+        return False
+    for model in (distiller.teacher, distiller.student):
         if model is not None and getattr(model, "_compiled_call_impl", None) is None:
             model.compile()
-            done += 1
-    return done
+    distiller.compile_objectives()
+    return True

@@ -44,7 +44,7 @@ from distillery.models import hidden_size, num_heads, num_layers
 from distillery.objectives import HiddenProjection
 from distillery.objectives.registry import TERMS, Batch, capture_specs
 from distillery.training.args import collator_for, training_arguments
-from distillery.training.compiled import compile_models
+from distillery.training.compiled import compile_step
 from distillery.training.distill_state import load_projection_into, save_projection
 from distillery.training.saving import checkpoint_dir
 from distillery.training.spec import DistillSpec, TrainRun
@@ -108,6 +108,7 @@ class Distiller(nn.Module):
         if teacher is not None:
             teacher.requires_grad_(False)
             teacher.train(spec.teacher_train_mode)
+        self._compiled_objectives: Callable | None = None
 
     @property
     def teacher(self) -> PreTrainedModel | None:
@@ -167,19 +168,33 @@ class Distiller(nn.Module):
             teacher_out, teacher_cap = self.teacher_forward(inputs)
         with capture(self.student, **self._student_cap) as student_cap:
             s_out = self.student(**s_in)
-        # the objectives in fp32 (softmax, KL, MSE, cosine, their reductions), on fp32 copies of what bf16 autocast
-        # captured; TinyBERT's projection too (distillery.precision)
+        loss, logits, terms = (self._compiled_objectives or self.objectives)(
+            student_cap, teacher_cap, attention_mask, labels, _logits(s_out),
+            teacher_logits if teacher_logits is not None else _logits(teacher_out),
+            getattr(s_out, "seq_relationship_logits", None), next_sentence_label, _span_mask(s_out, attention_mask))
+        return DistillerOutput(loss=loss, logits=logits, terms=terms)
+
+    def objectives(self, student_cap, teacher_cap, attention_mask, labels, student_logits, teacher_logits, nsp_logits,
+                   nsp_labels, logit_mask) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
+        """(loss, the student's fp32 logits, each term): the objectives in fp32 (softmax, KL, MSE, cosine, their
+        reductions) on fp32 copies of what bf16 autocast captured; TinyBERT's projection too (distillery.precision).
+        Compiled (`compile_objectives`), the casts fuse into the reductions and no fp32 copy is materialised."""
         with fp32_region(next(self.student.parameters()).device):
             batch = Batch(
                 student=student_cap.float(), teacher=teacher_cap.float() if teacher_cap is not None else None,
                 layer_map=self.spec.layer_map, options=self.spec.options,
-                attention_mask=attention_mask, labels=labels, student_logits=fp32(_logits(s_out)),
-                teacher_logits=fp32(teacher_logits if teacher_logits is not None else _logits(teacher_out)),
-                nsp_logits=fp32(getattr(s_out, "seq_relationship_logits", None)), nsp_labels=next_sentence_label,
-                projection=self.projection, logit_mask=_span_mask(s_out, attention_mask),
+                attention_mask=attention_mask, labels=labels, student_logits=fp32(student_logits),
+                teacher_logits=fp32(teacher_logits), nsp_logits=fp32(nsp_logits), nsp_labels=nsp_labels,
+                projection=self.projection, logit_mask=logit_mask,
             )
             terms = {name: TERMS[name].compute(batch) for name in self.active}
-        return DistillerOutput(loss=self.spec.objectives.combine(terms), logits=batch.student_logits, terms=terms)
+            return self.spec.objectives.combine(terms), batch.student_logits, terms
+
+    def compile_objectives(self) -> None:
+        """Compile `objectives` (`torch.compile`; its backward too): one fused kernel where eager runs a cast, a
+        difference, a square and a reduction over each captured tensor."""
+        if self._compiled_objectives is None:
+            self._compiled_objectives = torch.compile(self.objectives)
 
 
 def _logits(output) -> Tensor | None:
@@ -327,7 +342,7 @@ def distill(teacher: PreTrainedModel | None, student: PreTrainedModel, spec: Dis
     targs = training_arguments(checkpoint_dir(run.output_dir), {"label_names": ["labels"], **run.args}, select=has_eval)
     if teacher is not None:
         teacher.to(targs.device)
-    compile_models(teacher, student, device=targs.device)
+    compile_step(model, device=targs.device)
     collator = DistillationCollator(run.data_collator or collator_for(run.tokenizer))
     return train_and_export(DistillationTrainer, model, run, targs, data_collator=collator, evaluate=has_eval,
                             export=student, extra=(lambda d: save_projection(proj, d)) if proj is not None else None)
