@@ -104,8 +104,7 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
     if (device := device_or_none(args, "benchmarks.gpu")) is None:
         return None
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.fp32_precision = "tf32"  # as a Trainer sets it (distillery.precision.trainer_options)
     if args.compile is None:
         args.compile = device.type == "cuda"
     teacher_shape = PRESET_TEACHER if args.shapes == "preset" else TEACHER

@@ -132,14 +132,32 @@ def autocast(device: str | torch.device | None = None, precision: str | None = N
     return torch.autocast(dev, dtype=torch.bfloat16, enabled=chosen == "bf16")
 
 
-def forwards(model: Any, device: str | torch.device | None = None):
+@contextlib.contextmanager
+def forwards(model: Any, device: str | torch.device | None = None) -> Iterator[None]:
     """The context of `model`'s inference forwards at the precision in force: `model` set to the attention fast at
     that precision (`fast_attention`), then `autocast()` on its device (`device`, else its parameters'; a CPU for
-    `model=None`, an exported model's inputs)."""
+    `model=None`, an exported model's inputs), with fp32 matmuls in IEEE fp32 (`ieee_fp32`)."""
     if model is not None:
         device = device if device is not None else next(model.parameters()).device
         fast_attention(model, device)
-    return autocast(device if device is not None else "cpu")
+    with ieee_fp32(), autocast(device if device is not None else "cpu"):
+        yield
+
+
+@contextlib.contextmanager
+def ieee_fp32() -> Iterator[None]:
+    """fp32 matmuls and convolutions in IEEE fp32 inside, TF32 where it was on before. A Trainer on an Ampere or newer
+    GPU turns TF32 on for the whole process (`trainer_options`), so without this an inference forward (augmentation's
+    top-K, an evaluation) would round differently when a training stage ran before it in the same process: on an
+    H200, 111 of 400 sentences' augmentation candidates changed (benchmarks.augment --device cuda)."""
+    backends = [torch.backends, torch.backends.cuda.matmul, torch.backends.cudnn.conv]
+    before = [b.fp32_precision for b in backends]
+    torch.backends.fp32_precision = "ieee"
+    try:
+        yield
+    finally:
+        for b, value in zip(backends, before):
+            b.fp32_precision = value
 
 
 def fast_attention(model: Any, device: str | torch.device | None = None, precision: str | None = None) -> Any:

@@ -260,3 +260,17 @@ def test_the_benchmark_times_both_precisions_interleaved():
     medians = interleaved({"fp32": lambda: calls.append("fp32"), "bf16": lambda: calls.append("bf16")}, reps=3)
     assert calls == ["fp32", "bf16", "fp32", "bf16", "bf16", "fp32", "fp32", "bf16"]  # warm-up, then alternating
     assert set(medians) == {"fp32", "bf16"} and all(m >= 0 for m in medians.values())
+
+
+def test_inference_forwards_run_ieee_fp32_whatever_a_trainer_set():
+    """A Trainer on a GPU turns TF32 on for the process; an inference forward (augmentation's top-K, an evaluation)
+    runs IEEE fp32 matmuls all the same, and the setting it found is back after it."""
+    before = torch.backends.fp32_precision
+    try:
+        torch.backends.fp32_precision = "tf32"
+        with precision.forwards(None):
+            assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+            assert torch.backends.cudnn.conv.fp32_precision == "ieee"
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+    finally:
+        torch.backends.fp32_precision = before

@@ -271,7 +271,7 @@ class MaskedLM:
         kwargs = {"input_ids": ids}
         if self.use_token_types:
             kwargs["token_type_ids"] = torch.tensor([copy.token_type_ids], device=self.device)
-        with torch.set_grad_enabled(autograd):
+        with torch.set_grad_enabled(autograd), precision.ieee_fp32():  # fp32 as the official script's (no TF32)
             logits = self.model(**kwargs).logits[0]
         out = []
         for pos, orig in zip(copy.positions, copy.original_ids):
