@@ -106,6 +106,19 @@ def test_wordpiece_tokenizer_round_trip(tmp_path):
     assert len(texts) < sum(len(d) for d in corpus.read_sentences(tmp_path / "s.txt"))  # sentences were packed
 
 
+def test_packing_fills_sequences_across_documents():
+    """Whole sentences in order, a text closed only when the next sentence would pass the budget (not at a
+    document's end); an over-long sentence alone."""
+    class Words:  # one piece per word
+        def __call__(self, texts, add_special_tokens=False):
+            return {"input_ids": [t.split() for t in texts]}
+
+    docs = [["a b c", "d e"], ["f g h i"], ["j"], ["k l m n o p q r s t"]]
+    texts = corpus.pack_sequences(docs, Words(), 2 + 6)
+    assert texts == ["a b c d e", "f g h i j", "k l m n o p q r s t"]
+    assert corpus.pack_sequences([], Words(), 8) == []
+
+
 def test_wordpiece_training_is_deterministic(tmp_path):
     """The tokenizers trainer numbers its pieces in hash-map order (tens of ids moved between two trainings on
     the same corpus); the vocabulary must come out identical, or resumed weights no longer match it."""
@@ -123,3 +136,16 @@ def test_wordpiece_training_is_deterministic(tmp_path):
 
     tok = AutoTokenizer.from_pretrained(str(first))
     assert len(tok) <= 150 and tok.convert_ids_to_tokens(list(range(5))) == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def test_packing_benchmark_counts_padding_both_ways(tmp_path):
+    """benchmarks.packing on a corpus and tokenizer made here: across documents, fewer sequences and less padding."""
+    from benchmarks import packing
+
+    raw = tmp_path / "raw.txt"
+    demo.make_demo_corpus(raw, n_documents=60, seed=0)
+    corpus.prepare_corpus([raw], tmp_path / "s.txt")
+    tok = corpus.train_wordpiece(tmp_path / "s.txt", tmp_path / "tok", vocab_size=300)
+    out = packing.main([str(raw), "--tokenizer", str(tok), "--max-length", "48"])
+    assert out["sequences_packed"] < out["sequences_alone"]
+    assert 0 <= out["padded_packed"] < out["padded_alone"] < 1
