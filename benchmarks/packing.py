@@ -1,10 +1,12 @@
 """Padded positions of the general corpus's sequences: each document packed alone vs packed across documents.
 
 The corpus stage writes one sentence per line and a blank line between documents (`distillery.corpus`); the
-masked-LM pre-training and general distillation read it as texts of whole sentences (`corpus.pack_sequences`). Here
-the same prepared corpus and tokenizer give (a) each document packed alone (a document's end closes a sequence)
-and (b) `pack_sequences` as the pipeline runs it (across documents), and the share of padded positions a batch of
-`--max-length` would carry in each, with the sequence count (the steps of an epoch).
+masked-LM pre-training and general distillation read it as texts of whole sentences packed within each document
+(`corpus.pack_sequences`: a document's end closes a sequence). Here the same prepared corpus and tokenizer give (a)
+that packing and (b) the same sentences packed across document boundaries (RoBERTa's FULL-SENTENCES, one document
+of every sentence), and the share of padded positions a batch of `--max-length` would carry in each, with the
+sequence count (the steps of an epoch). (b) is not what the pipeline runs: on the demo it cost two of the five
+students their lead over the direct baseline (the results log has both runs).
 
     python -m benchmarks.packing [--tokenizer DIR] [--max-length 128] [CORPUS FILES ...]
 
@@ -43,8 +45,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         prepared = Path(tmp) / "corpus.txt"
         corpus.prepare_corpus(files, prepared)
         docs = corpus.read_sentences(prepared)
-    alone = [t for d in docs for t in corpus.pack_sequences([d], tok, args.max_length)]
-    packed = corpus.pack_sequences(docs, tok, args.max_length)
+    alone = corpus.pack_sequences(docs, tok, args.max_length)
+    packed = corpus.pack_sequences([[s for d in docs for s in d]], tok, args.max_length)
     out = {"padded_alone": padded_share(alone, tok, args.max_length),
            "padded_packed": padded_share(packed, tok, args.max_length),
            "sequences_alone": len(alone), "sequences_packed": len(packed)}

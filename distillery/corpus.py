@@ -93,24 +93,20 @@ def read_sentences(path: str | Path) -> list[list[str]]:
 
 
 def pack_sequences(documents: list[list[str]], tokenizer, max_length: int) -> list[str]:
-    """Greedily pack consecutive whole sentences into texts of at most `max_length` pieces, across document
-    boundaries (RoBERTa's FULL-SENTENCES, Liu et al. 2019, Sec. 4.2): a document ending does not close a text, so
-    the masked-LM and distillation batches are full sequences rather than a paragraph's tail and padding (the
-    shared corpus's paragraphs, packed one by one, left about half of every batch padding). A sentence longer than
-    the budget is a text of its own (the tokenizer cuts it)."""
+    """Greedily pack consecutive sentences of a document into texts of at most `max_length` pieces."""
     budget = max_length - 2  # [CLS] ... [SEP]
-    sentences = [s for doc in documents for s in doc]
-    lengths = [len(ids) for ids in tokenizer(sentences, add_special_tokens=False)["input_ids"]] if sentences else []
     texts: list[str] = []
-    current, used = [], 0
-    for sentence, n in zip(sentences, lengths):
-        if current and used + n > budget:
+    for doc in documents:
+        lengths = [len(ids) for ids in tokenizer(doc, add_special_tokens=False)["input_ids"]]
+        current, used = [], 0
+        for sentence, n in zip(doc, lengths):
+            if current and used + n > budget:
+                texts.append(" ".join(current))
+                current, used = [], 0
+            current.append(sentence)
+            used += n
+        if current:
             texts.append(" ".join(current))
-            current, used = [], 0
-        current.append(sentence)
-        used += n
-    if current:
-        texts.append(" ".join(current))
     return texts
 
 

@@ -18,6 +18,9 @@ from distillery.training.spec import DistillSpec
 
 def test_setting_resolves_per_device():
     assert not compiled.enabled("cpu") and compiled.enabled("cuda")  # auto, without a setting in force
+    assert not compiled.enabled("cuda", evaluates=True)  # auto leaves a run that evaluates (a task run) eager
+    with compiled.use("on"):
+        assert compiled.enabled("cuda", evaluates=True)
     with compiled.use("on"):
         assert compiled.enabled("cpu")
     with compiled.use("off"):

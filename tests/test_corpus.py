@@ -106,19 +106,6 @@ def test_wordpiece_tokenizer_round_trip(tmp_path):
     assert len(texts) < sum(len(d) for d in corpus.read_sentences(tmp_path / "s.txt"))  # sentences were packed
 
 
-def test_packing_fills_sequences_across_documents():
-    """Whole sentences in order, a text closed only when the next sentence would pass the budget (not at a
-    document's end); an over-long sentence alone."""
-    class Words:  # one piece per word
-        def __call__(self, texts, add_special_tokens=False):
-            return {"input_ids": [t.split() for t in texts]}
-
-    docs = [["a b c", "d e"], ["f g h i"], ["j"], ["k l m n o p q r s t"]]
-    texts = corpus.pack_sequences(docs, Words(), 2 + 6)
-    assert texts == ["a b c d e", "f g h i j", "k l m n o p q r s t"]
-    assert corpus.pack_sequences([], Words(), 8) == []
-
-
 def test_wordpiece_training_is_deterministic(tmp_path):
     """The tokenizers trainer numbers its pieces in hash-map order (tens of ids moved between two trainings on
     the same corpus); the vocabulary must come out identical, or resumed weights no longer match it."""

@@ -342,7 +342,7 @@ def distill(teacher: PreTrainedModel | None, student: PreTrainedModel, spec: Dis
     targs = training_arguments(checkpoint_dir(run.output_dir), {"label_names": ["labels"], **run.args}, select=has_eval)
     if teacher is not None:
         teacher.to(targs.device)
-    compile_step(model, device=targs.device)
+    compile_step(model, device=targs.device, evaluates=has_eval)
     collator = DistillationCollator(run.data_collator or collator_for(run.tokenizer))
     return train_and_export(DistillationTrainer, model, run, targs, data_collator=collator, evaluate=has_eval,
                             export=student, extra=(lambda d: save_projection(proj, d)) if proj is not None else None)
