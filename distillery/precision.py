@@ -148,8 +148,9 @@ def forwards(model: Any, device: str | torch.device | None = None) -> Iterator[N
 def ieee_fp32() -> Iterator[None]:
     """fp32 matmuls and convolutions in IEEE fp32 inside, TF32 where it was on before. A Trainer on an Ampere or newer
     GPU turns TF32 on for the whole process (`trainer_options`), so without this an inference forward (augmentation's
-    top-K, an evaluation) would round differently when a training stage ran before it in the same process: on an
-    H200, 111 of 400 sentences' augmentation candidates changed (benchmarks.augment --device cuda)."""
+    top-K, an evaluation) would round differently when a training stage ran before it in the same process, and
+    augmentation's candidates would then differ from the per-position reference's at near-ties (`benchmarks.gpu`'s
+    and `benchmarks.augment`'s H200 rows in docs/results.md)."""
     backends = [torch.backends, torch.backends.cuda.matmul, torch.backends.cudnn.conv]
     before = [b.fp32_precision for b in backends]
     torch.backends.fp32_precision = "ieee"

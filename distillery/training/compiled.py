@@ -7,8 +7,8 @@ casts of what autocast captured fuse into the losses' reductions). Inductor fuse
 each layer's elementwise work (bias, GELU, dropout, LayerNorm, the casts of bf16 autocast) into a few kernels and
 issues far fewer launches, which is what bounds a GPU's step at these models' widths.
 
-``auto`` compiles on a CUDA device the runs that do not evaluate as they train: general distillation, whose packed
-corpus sequences give nearly every batch the same shape, and which runs longest. A task run (fine-tuning grid, intermediate and
+``auto`` compiles on a CUDA device the runs that do not evaluate as they train: general distillation, whose corpus
+batches nearly all pad to the same length, and which runs longest. A task run (fine-tuning grid, intermediate and
 prediction steps) has batches of many lengths and an evaluation between epochs; each new shape and the switch to
 evaluation recompile (seconds to tens of seconds each on a GPU host), more than a GLUE-sized run's steps gain back.
 On a CPU ``auto`` is off: compiling costs minutes of each run and the step did not get faster. `benchmarks.gpu` and
