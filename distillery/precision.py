@@ -153,7 +153,8 @@ def ieee_fp32() -> Iterator[None]:
     and `benchmarks.augment`'s H200 rows in docs/results.md)."""
     backends = [torch.backends, torch.backends.cuda.matmul, torch.backends.cudnn.conv]
     before = [b.fp32_precision for b in backends]
-    torch.backends.fp32_precision = "ieee"
+    for b in backends:  # each one: a sub-backend set on its own (a Trainer's cudnn) does not follow the global one
+        b.fp32_precision = "ieee"
     try:
         yield
     finally:

@@ -265,12 +265,15 @@ def test_the_benchmark_times_both_precisions_interleaved():
 def test_inference_forwards_run_ieee_fp32_whatever_a_trainer_set():
     """A Trainer on a GPU turns TF32 on for the process; an inference forward (augmentation's top-K, an evaluation)
     runs IEEE fp32 matmuls all the same, and the setting it found is back after it."""
-    before = torch.backends.fp32_precision
+    backends = [torch.backends, torch.backends.cuda.matmul, torch.backends.cudnn.conv]
+    before = [b.fp32_precision for b in backends]
     try:
         torch.backends.fp32_precision = "tf32"
+        torch.backends.cudnn.conv.fp32_precision = "tf32"  # set on its own, as a Trainer's cudnn setting is
         with precision.forwards(None):
-            assert torch.backends.cuda.matmul.fp32_precision == "ieee"
-            assert torch.backends.cudnn.conv.fp32_precision == "ieee"
+            assert [b.fp32_precision for b in backends] == ["ieee"] * 3
         assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+        assert torch.backends.cudnn.conv.fp32_precision == "tf32"
     finally:
-        torch.backends.fp32_precision = before
+        for b, value in zip(backends, before):
+            b.fp32_precision = value

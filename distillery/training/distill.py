@@ -171,14 +171,15 @@ class Distiller(nn.Module):
         loss, logits, terms = (self._compiled_objectives or self.objectives)(
             student_cap, teacher_cap, attention_mask, labels, _logits(s_out),
             teacher_logits if teacher_logits is not None else _logits(teacher_out),
-            getattr(s_out, "seq_relationship_logits", None), next_sentence_label, _span_mask(s_out, attention_mask))
+            (getattr(s_out, "seq_relationship_logits", None), next_sentence_label), _span_mask(s_out, attention_mask))
         return DistillerOutput(loss=loss, logits=logits, terms=terms)
 
-    def objectives(self, student_cap, teacher_cap, attention_mask, labels, student_logits, teacher_logits, nsp_logits,
-                   nsp_labels, logit_mask) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
+    def objectives(self, student_cap, teacher_cap, attention_mask, labels, student_logits, teacher_logits, nsp,
+                   logit_mask) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
         """(loss, the student's fp32 logits, each term): the objectives in fp32 (softmax, KL, MSE, cosine, their
         reductions) on fp32 copies of what bf16 autocast captured; TinyBERT's projection too (distillery.precision).
         Compiled (`compile_objectives`), the casts fuse into the reductions and no fp32 copy is materialised."""
+        nsp_logits, nsp_labels = nsp  # MobileBERT's next-sentence logits and labels, or Nones
         with fp32_region(next(self.student.parameters()).device):
             batch = Batch(
                 student=student_cap.float(), teacher=teacher_cap.float() if teacher_cap is not None else None,
