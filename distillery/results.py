@@ -29,8 +29,12 @@ HEADER = ("# Results log\n\nEvery measured run, one row each, written from the r
 
 
 def machine() -> str:
-    """The CPU's model name as `lscpu` gives it, and its core count."""
+    """The CPU's model name as `lscpu` gives it, its core count and its fast-bf16 instruction sets: one model name
+    covers CPUs with and without them (AMD EPYC), and `precision: auto` trains in bf16 on the first, fp32 on the other,
+    so their runs differ in scores as well as speed."""
     import os
+
+    from distillery.precision import cpu_bf16_flags
 
     name = platform.processor() or "unknown CPU"
     try:
@@ -40,7 +44,7 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return f"{name}, {os.cpu_count()} cores"
+    return f"{name}, {os.cpu_count()} cores, {'+'.join(cpu_bf16_flags()) or 'no fast bf16'}"
 
 
 def _commit(run_dir: Path) -> str:

@@ -25,6 +25,15 @@ import pytest
 
 from helpers import MICRO, RESUME, make_project, run
 
+# An xdist worker shares the cores with the other workers and with the pipelines they start (which `helpers.env_for`
+# puts on one intra-op thread): its own tiny models on one thread too, set before torch is imported, so two OpenMP
+# threads of one worker do not wait on each other at every operation while the cores are busy. A test that needs more
+# sets them itself (tests/test_runtime.py).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 # The suite's stage runs share this checkout's root (and its lock, tasks.lock) as its tests share fixtures: they are
 # one run of the suite, not two users of one project, so the stages they start as subprocesses are this process's
 # children to the lock. tests/test_lock.py unsets it to test the lock itself.
