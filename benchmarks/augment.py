@@ -72,7 +72,8 @@ def _tokenizer_and_model(args) -> tuple:
     else:
         tok = bert_tokenizer()
         torch.manual_seed(0)
-        cfg = transformers.BertConfig(vocab_size=len(tok))  # BERT-base shape: 12 x 768, 12 heads, 3072
+        size = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128) if args.tiny else {}
+        cfg = transformers.BertConfig(vocab_size=len(tok), **size)  # else BERT-base's shape: 12 x 768, 12 heads, 3072
         model = transformers.BertForMaskedLM(cfg)
     return tok, model.eval().to(args.device)
 
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> float:
     p.add_argument("--k", type=int, default=15)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--mlm", default=None, help="a real masked-LM directory instead of the random BERT-base")
+    p.add_argument("--tiny", action="store_true", help="a random 2 x 64 BERT instead of BERT-base (the test suite's)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args(argv)

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
           f"bf16 {bf16}, batch {batch}, sequence {seq}", flush=True)
 
     aug_argv = ["--device", args.device, "--sentences", str(4 if args.micro else args.sentences)]
-    aug_argv += ["--chunk", "4", "--n-aug", "2"] if args.micro else ["--chunk", str(args.aug_chunk),
+    aug_argv += ["--chunk", "4", "--n-aug", "2", "--tiny"] if args.micro else ["--chunk", str(args.aug_chunk),
                                                                      "--batch-size", str(args.aug_batch)]
     aug = augment_bench.main(aug_argv) if args.aug else float("nan")
 

@@ -123,7 +123,7 @@ def test_the_budget_command_prints_the_shapes_that_meet_it_and_refuses_an_imposs
 
     teacher = tiny_teacher()
     teacher.save_pretrained(tmp_path / "teacher")
-    argv = ["budget", str(tmp_path / "teacher"), "--depths", "1", "--forms", "fp32,int8", "--seq", "16"]
+    argv = ["budget", str(tmp_path / "teacher"), "--depths", "1", "--forms", "fp32,int8", "--seq", "16", "--reps", "2"]
     assert cli(argv + ["--speedup", "1.2", "--json", str(tmp_path / "shapes.json")]) == 0
     out = capsys.readouterr().out
     assert "fp32 teacher:" in out and "| candidate | layers |" in out and "-int8 |" in out, out

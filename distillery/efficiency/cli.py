@@ -158,8 +158,8 @@ def check_results_file(path: Path, command: str = "speed", ours=_speed_rows) -> 
 def _budget(args: argparse.Namespace) -> int:
     """The student shapes (and deployed forms) that meet a latency budget on this machine, timed on random weights
     beside the teacher."""
-    from distillery.efficiency.budget import (Budget, BudgetError, available_forms, candidates, time_candidates,
-                                              within_budget)
+    from distillery.efficiency.budget import (Budget, BudgetError, available_forms, candidates, measured_timer,
+                                              time_candidates, within_budget)
     from distillery.efficiency.export import check_saved_model, load_model_for_export
     from distillery.shape import Dims
 
@@ -175,7 +175,8 @@ def _budget(args: argparse.Namespace) -> int:
     depths = [int(d) for d in args.depths.split(",")] if args.depths else None
     cands = candidates(dims, depths=depths, forms=forms)
     print(f"timing the teacher and {len(cands)} candidates ({budget.describe()}) ...", flush=True)
-    teacher_ms, timed = time_candidates(teacher, cands, budget)
+    timer = measured_timer(budget, **({"reps": args.reps} if args.reps else {}))
+    teacher_ms, timed = time_candidates(teacher, cands, budget, timer=timer)
     keep = within_budget(timed, teacher_ms, budget)
     print(f"fp32 teacher: {teacher_ms:.2f} ms; {len(keep)} of {len(timed)} candidates meet the budget "
           f"(<= {budget.limit_ms(teacher_ms):.2f} ms in 9 of 10 rounds), largest first:")
@@ -222,6 +223,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     bp.add_argument("--seq", type=positive_int, default=128)
     bp.add_argument("--depths", default=None, help="comma-separated depths (default 1 .. the teacher's)")
     bp.add_argument("--forms", default=None, help="comma-separated fp32,bf16,int8 (default: those this machine serves)")
+    bp.add_argument("--reps", type=positive_int, default=None,
+                    help="paired rounds with the teacher per timing session (default: the pipeline's search's)")
     bp.add_argument("--json", default=None, help="also write every candidate's timing to this JSON file")
     bp.set_defaults(func=_budget)
 
