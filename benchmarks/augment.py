@@ -2,7 +2,7 @@
 
 Run as ``python -m benchmarks.augment``. On the same sentences (the first --sentences of
 ../shared/data/glue/SST-2/train.tsv when present, else generated), the same MLM (BERT-base-shaped with
-random weights by default, or --mlm DIR) and the same GloVe vectors, it times in one run:
+random weights by default, 2 x 64 with --tiny, or --mlm DIR) and the same GloVe vectors, it times in one run:
 
   (a) reference: what the official script does -- one batch-1 full MLM forward per eligible single-piece
       word (autograd on), a full argsort over the GloVe matrix per multi-piece word, then N_a tries;
@@ -72,7 +72,8 @@ def _tokenizer_and_model(args) -> tuple:
     else:
         tok = bert_tokenizer()
         torch.manual_seed(0)
-        size = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128) if args.tiny else {}
+        tiny = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128)
+        size = tiny if args.tiny else {}
         cfg = transformers.BertConfig(vocab_size=len(tok), **size)  # else BERT-base's shape: 12 x 768, 12 heads, 3072
         model = transformers.BertForMaskedLM(cfg)
     return tok, model.eval().to(args.device)
