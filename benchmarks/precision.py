@@ -10,8 +10,10 @@ precisions, interleaved (fp32, bf16, bf16, fp32, ...), after a warm-up; the medi
       with the pipeline's kernels (`distillery.training.cpu_kernels`: dropout, attention, bias); at length 128 the
       bf16 step without them beside it;
   (b) a SQuAD-shaped fine-tuning step: the 6 x 384 encoder with a span head at length 384 (batch --squad-batch);
-  (c) inference of the 6 x 384 classifier at batch 1 and 32, length 128 (`distillery.efficiency.measure_latency`,
-      as the evaluate stage times the bf16 row);
+  (c) inference of the 6 x 384 classifier at batch 1 and 32, length 128, and batch 8 at SQuAD's length 384
+      (`distillery.efficiency.measure_latency`, as the evaluate stage times the bf16 row, with PyTorch's SDPA, the
+      attention inference runs); on a CPU also a padded batch in bf16 with SDPA and with the eager attention,
+      which training runs (`fast_attention` picks by what was faster here);
   (d) augmentation's MLM forwards: the masked copies of TinyBERT's Algorithm 1 for the first --sentences SST-2
       training sentences (generated ones without ../shared), batched as `MaskedLM.topk` runs them, through a
       6 x 384 MLM (random weights, or --mlm DIR). With --mlm, also the overlap of the top-K candidates of the two
@@ -70,13 +72,13 @@ def interleaved(fns: dict[str, Callable[[], None]], reps: int, device: str = "cp
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def attention_for(form: str, *models, device: str = "cpu") -> None:
-    """Each model with the attention the pipeline gives it at `form` on `device` (`distillery.precision.fast_attention`:
-    eager under bf16 on a CPU, PyTorch's SDPA otherwise), switched before every timed call: both forms share the
-    weights."""
+def attention_for(form: str, *models, device: str = "cpu", training: bool = False) -> None:
+    """Each model with the attention the pipeline gives it at `form` on `device` for training or inference
+    (`distillery.precision.fast_attention`: under bf16 on a CPU eager to train, SDPA to infer; SDPA otherwise),
+    switched before every timed call: both forms share the weights."""
     for model in models:
         model.set_attn_implementation("sdpa")
-        precision.fast_attention(model, device, form)
+        precision.fast_attention(model, device, form, training=training)
 
 
 def _ratio(line: str, t: dict[str, float]) -> float:
@@ -97,7 +99,7 @@ def train_steps(model: torch.nn.Module, inputs: dict[str, torch.Tensor], reps: i
 
     def step(form: str, cheap: bool = True) -> Callable[[], None]:
         def run() -> None:
-            attention_for(form, *attention, device=device)
+            attention_for(form, *attention, device=device, training=True)
             teacher = getattr(model, "teacher", None)  # a Distiller's, run by the pipeline with the kernels too
             with cpu_kernels.used(model if cheap else None, device), \
                     cpu_kernels.used(teacher if cheap else None, device):
@@ -160,15 +162,33 @@ def squad_step(batch: int, reps: int, device: str = "cpu") -> float:
                   train_steps(model, inputs, reps, model, device=device))
 
 
-def inference(batch: int, reps: int, device: str = "cpu") -> float:
+def inference(batch: int, reps: int, device: str = "cpu", seq: int = 128) -> float:
+    from benchmarks.distill import batch as make_batch
     from benchmarks.distill import teacher_model
     from distillery.efficiency import measure_latency
 
     torch.manual_seed(0)
     model = teacher_model(TEACHER, VOCAB)
-    table = measure_latency({"fp32": model, "bf16": model}, batch=batch, seq_len=128, reps=reps, device=device,
+    table = measure_latency({"fp32": model, "bf16": model}, batch=batch, seq_len=seq, reps=reps, device=device,
                             precisions={"bf16": "bf16"})
-    return _ratio(f"(c) inference, batch {batch}, length 128", {k: r.median_ms / 1000 for k, r in table.items()})
+    ratio = _ratio(f"(c) inference, batch {batch}, length {seq}", {k: r.median_ms / 1000 for k, r in table.items()})
+    if torch.device(device).type == "cpu":  # SDPA, which inference runs, beside the eager attention training runs
+        inputs = {k: v for k, v in make_batch(batch, seq).items() if k != "labels"}
+        padded = 1 - inputs["attention_mask"].float().mean().item()
+
+        def forward(attention: str) -> Callable[[], None]:
+            def run() -> None:
+                model.set_attn_implementation(attention)
+                with torch.inference_mode(), precision.autocast(device, "bf16"):
+                    model(**inputs)
+
+            return run
+
+        t = interleaved({"sdpa": forward("sdpa"), "eager": forward("eager")}, reps, device)
+        print(f"    bf16 on a padded batch ({padded:.0%} padding), as evaluation runs it: SDPA "
+              f"{1000 * t['sdpa']:.0f} ms, eager attention {1000 * t['eager']:.0f} ms "
+              f"({t['eager'] / t['sdpa']:.2f}x)", flush=True)
+    return ratio
 
 
 def augmentation(sentences: int, mlm: str | None, reps: int, device: str = "cpu") -> float:
@@ -240,7 +260,7 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
     res = {"distill_64": distillation_step(32, 64, args.reps, dev),
            "train_speedup": distillation_step(32, 128, args.reps, dev),
            "squad_step": squad_step(args.squad_batch, args.reps, dev), "infer_b1": inference(1, 5 * args.reps, dev),
-           "infer_speedup": inference(32, args.reps, dev),
+           "infer_speedup": inference(32, args.reps, dev), "infer_384": inference(8, args.reps, dev, seq=384),
            "aug_speedup": augmentation(args.sentences, args.mlm, args.reps, dev)}
     res.update(ceiling_ratio=CEILINGS["bf16"] / CEILINGS["fp32"], step_mfu_bf16=MFU[(32, 128, "bf16")],
                step_mfu_fp32=MFU[(32, 128, "fp32")])

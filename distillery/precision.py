@@ -12,7 +12,7 @@ bf16 here is autocast (`torch.autocast`), never a cast of the model: weights, op
 fp32, matmuls and linear layers run in bf16, and the objectives' reductions run in fp32 (the distillation loop
 computes its loss terms outside autocast, on fp32 copies of what it captured; see `fp32`). The training loops get
 it through the Trainer's own ``bf16`` argument (`trainer_options`); inference paths open `forwards()` (`autocast()` for a model). On a CPU,
-bf16 models run the eager attention (`fast_attention`): PyTorch's fused SDPA kernel is slow in bf16 there.
+bf16 models train with the eager attention and infer with PyTorch's fused SDPA, each the faster there (`fast_attention`).
 
 The pipeline sets the switch once per stage (`use`); library code reads it with `current()`. A library caller who
 never sets it gets what the loops did before the switch existed: bf16 on a bf16 GPU, fp32 on a CPU.
@@ -162,18 +162,22 @@ def ieee_fp32() -> Iterator[None]:
             b.fp32_precision = value
 
 
-def fast_attention(model: Any, device: str | torch.device | None = None, precision: str | None = None) -> Any:
-    """`model` set to the attention that is fast at the precision in force (given, else `current()`): under bf16 on a
-    CPU, the eager attention (matmul + softmax), which runs bf16 on the same kernels as the rest of the model, instead
-    of PyTorch's fused SDPA, whose CPU bf16 kernel is slow (`python -m benchmarks.precision` times both). The two
-    compute the same attention; nothing is saved with the model (its config.json is unchanged). Other models, precisions
-    and devices: unchanged."""
+def fast_attention(model: Any, device: str | torch.device | None = None, precision: str | None = None,
+                   training: bool = False) -> Any:
+    """`model` set to the attention that is fast at the precision in force (given, else `current()`) for what it is
+    about to do. Under bf16 on a CPU, a model that trains (`training`) runs the eager attention (matmul + softmax),
+    whose backward runs bf16 on the same kernels as the rest of the model, instead of PyTorch's SDPA, whose CPU bf16
+    backward is slow; a model that only infers runs SDPA, whose fused CPU kernel is the faster one there
+    (`python -m benchmarks.precision` times both, (a) and (c)). The two compute the same attention; nothing is saved
+    with the model (its config.json is unchanged). Other models, precisions and devices: unchanged."""
     dev, chosen = _on(device, precision)
-    if dev != "cpu" or chosen != "bf16":
+    if dev != "cpu" or chosen != "bf16" or not hasattr(model, "set_attn_implementation"):
         return model
-    config = getattr(model, "config", None)
-    if getattr(config, "_attn_implementation", None) == "sdpa" and hasattr(model, "set_attn_implementation"):
+    now = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if training and now == "sdpa":
         model.set_attn_implementation("eager")
+    elif not training and now == "eager" and getattr(model, "_supports_sdpa", False):
+        model.set_attn_implementation("sdpa")
     return model
 
 

@@ -184,6 +184,21 @@ def test_every_objective_under_bf16_autocast_is_within_tolerance_of_fp32(term):
     assert torch.nn.functional.cosine_similarity(g16, g32, dim=0) > 0.98
 
 
+def test_a_cpu_trains_bf16_with_the_eager_attention_and_infers_with_sdpa(monkeypatch):
+    """Each the faster there (benchmarks.precision, (a) and (c)); fp32 and GPUs keep the model's own attention."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: ("avx512_bf16",))
+    model, _ = _models("attention_loss")
+    model.set_attn_implementation("sdpa")
+    assert precision.fast_attention(model, "cpu", "fp32", training=True).config._attn_implementation == "sdpa"
+    assert precision.fast_attention(model, "cpu", "bf16", training=True).config._attn_implementation == "eager"
+    precision.fast_attention(model, "cpu", "bf16")  # the same model, trained, now evaluated
+    assert model.config._attn_implementation == "sdpa"
+    model.set_attn_implementation("eager")
+    with precision.use("bf16"), precision.forwards(model, "cpu"):
+        assert model.config._attn_implementation == "sdpa" and torch.is_autocast_enabled("cpu")
+
+
 @needs_bf16
 def test_attention_scores_and_probs_are_captured_in_fp32_under_autocast():
     from distillery.capture import capture

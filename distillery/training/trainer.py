@@ -44,7 +44,7 @@ def train_and_export(
     ``run.param_groups``: the only parameters trained, each at its own learning-rate scale (``scaled_adamw``). On a
     CPU the model and its teacher run `distillery.training.cpu_kernels`' kernels while they train."""
     for m in (model, export, getattr(model, "teacher", None)):  # a Distiller's student and teacher too
-        precision.fast_attention(m, targs.device, "bf16" if targs.bf16 else "fp32")
+        precision.fast_attention(m, targs.device, "bf16" if targs.bf16 else "fp32", training=True)
     optimizer = scaled_adamw(run.param_groups, targs) if run.param_groups is not None else None
     metric_fn = run.compute_metrics if evaluate else None
     if getattr(metric_fn, "takes_logits", False) and targs.train_sampling_strategy == "group_by_length":
