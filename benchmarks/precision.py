@@ -40,6 +40,7 @@ import torch
 import transformers
 
 from distillery import precision
+from distillery.runtime import steady_allocator
 from distillery.training import cpu_kernels
 from distillery.efficiency.ceiling import StepFlops, layer_shapes, matmul_ceiling
 
@@ -91,10 +92,13 @@ def train_steps(model: torch.nn.Module, inputs: dict[str, torch.Tensor], reps: i
                 device: str = "cpu", torch_kernels: bool = False) -> dict[str, float]:
     """Median seconds of one training step of `model` (forward to its `.loss`, backward, AdamW) in each precision,
     interleaved, on `device` (the model and inputs are moved there), as the pipeline's Trainer runs it: fused AdamW,
-    and on a CPU `distillery.training.cpu_kernels`; `attention`: the transformers models inside whose attention
-    follows the precision. `torch_kernels`: also "bf16, torch kernels", the bf16 step without `cpu_kernels`."""
+    and on a CPU `distillery.training.cpu_kernels` and `distillery.runtime.steady_allocator`; `attention`: the
+    transformers models inside whose attention follows the precision. `torch_kernels`: also "bf16, torch kernels",
+    the bf16 step without `cpu_kernels`."""
     model.to(device)
     inputs = {k: v.to(device) for k, v in inputs.items()}
+    if torch.device(device).type == "cpu":
+        steady_allocator()  # as the pipeline's Trainer
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True)
 
     def step(form: str, cheap: bool = True) -> Callable[[], None]:

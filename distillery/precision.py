@@ -11,8 +11,9 @@ at it, fp32 elsewhere.
 bf16 here is autocast (`torch.autocast`), never a cast of the model: weights, optimiser states and checkpoints stay
 fp32, matmuls and linear layers run in bf16, and the objectives' reductions run in fp32 (the distillation loop
 computes its loss terms outside autocast, on fp32 copies of what it captured; see `fp32`). The training loops get
-it through the Trainer's own ``bf16`` argument (`trainer_options`); inference paths open `forwards()` (`autocast()` for a model). On a CPU,
-bf16 models train with the eager attention and infer with PyTorch's fused SDPA, each the faster there (`fast_attention`).
+it through the Trainer's own ``bf16`` argument (`trainer_options`); inference paths open `forwards()` (`autocast()`
+for a model). On a CPU, bf16 models train with the eager attention and infer with PyTorch's fused SDPA, each the
+faster there (`fast_attention`).
 
 The pipeline sets the switch once per stage (`use`); library code reads it with `current()`. A library caller who
 never sets it gets what the loops did before the switch existed: bf16 on a bf16 GPU, fp32 on a CPU.

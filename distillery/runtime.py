@@ -18,6 +18,10 @@ a BERT step's gradients on 1 thread differ from those on 2 in 22 of 41 tensors i
 thread count follows the load of other processes is not reproducible bit for bit; a Prefect server beside the
 pipeline was load enough to change a student between two runs. With it off, training keeps the thread count it
 started with, and two runs with the same inputs and seed give the same students.
+
+Training and latency timings on a CPU also put glibc's allocator in a steady state (`steady_allocator`): freed memory
+kept for reuse instead of each step faulting its activations' pages in afresh (`python -m benchmarks.precision`'s
+step runs with it, as the pipeline's).
 """
 
 from __future__ import annotations
@@ -115,3 +119,25 @@ class FreeCores(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if self.governor is not None:
             self.governor.restore()
+
+
+#: glibc mallopt parameters: M_TRIM_THRESHOLD, M_MMAP_THRESHOLD (the largest it accepts on 64-bit: 32 MiB)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_STEADY = {_M_TRIM_THRESHOLD: 2**31 - 1, _M_MMAP_THRESHOLD: 32 * 2**20}
+
+
+def steady_allocator() -> bool:
+    """Fix glibc malloc's trim and mmap thresholds: freed memory stays in the process for reuse and blocks up to
+    32 MiB come from its heap, so a training step or a forward pass stops faulting its activations' pages in afresh
+    (by default glibc returns freed memory to the system and serves large blocks by mmap, by thresholds that move
+    with the process's history). The steady state of a server that keeps its memory; the process keeps it. True
+    where that was done (Linux with glibc), False elsewhere."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl, macOS, Windows)
+        return False
+    return all(mallopt(param, value) == 1 for param, value in _STEADY.items())

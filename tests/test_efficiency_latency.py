@@ -141,7 +141,7 @@ def test_the_allocator_is_put_in_a_steady_state_where_glibc_runs():
     """glibc's trim and mmap thresholds are fixed before a CPU timing (the module docstring says why)."""
     import platform
 
-    from distillery.efficiency.latency import steady_allocator
+    from distillery.runtime import steady_allocator
 
     assert steady_allocator() is (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
 

@@ -25,7 +25,8 @@ On Linux, glibc's malloc returns freed memory to the system when the top of its 
 moves with the process's history, and serves large blocks by mmap: at batch 32 a forward pass's activations then fault
 their pages in again on every call, or not, depending on what the process did before, and two processes timed the
 same models a quarter apart. So before a CPU timing the allocator is put in the steady state of a server that keeps
-its memory (`steady_allocator`: fixed thresholds, freed memory kept for reuse); the process keeps it afterwards.
+its memory (`distillery.runtime.steady_allocator`: fixed thresholds, freed memory kept for reuse); the process keeps
+it afterwards.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import torch
 from torch import nn
 
 from distillery.efficiency.spread import describe_speedup, resolved, spread_of
+from distillery.runtime import steady_allocator
 from distillery.precision import autocast, fast_attention
 
 #: the shortest timed sample, in milliseconds of back-to-back calls of one model (its calls per sample are calibrated
@@ -144,25 +146,6 @@ def _runner(obj: Any, batch: int, seq_len: int, device: torch.device, precision:
         return obj
     raise TypeError(f"cannot time an object of type {type(obj).__name__}: pass an nn.Module, "
                     "an onnxruntime.InferenceSession or a zero-argument callable")
-
-
-#: glibc mallopt parameters: M_TRIM_THRESHOLD, M_MMAP_THRESHOLD (the largest it accepts on 64-bit: 32 MiB)
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_STEADY = {_M_TRIM_THRESHOLD: 2**31 - 1, _M_MMAP_THRESHOLD: 32 * 2**20}
-
-
-def steady_allocator() -> bool:
-    """Fix glibc malloc's trim and mmap thresholds (module docstring): freed memory stays in the process for reuse
-    and blocks up to 32 MiB come from its heap. True where that was done (Linux with glibc), False elsewhere."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl, macOS, Windows)
-        return False
-    return all(mallopt(param, value) == 1 for param, value in _STEADY.items())
 
 
 def measure_latency(models: Mapping[str, Any], *, batch: int = 1, seq_len: int = 128, reps: int = 20,

@@ -17,7 +17,7 @@ from transformers import PreTrainedModel, Trainer, TrainingArguments
 
 from distillery import precision
 from distillery.efficiency.ceiling import StepFlops, utilisation
-from distillery.runtime import FreeCores
+from distillery.runtime import FreeCores, steady_allocator
 from distillery.training import cpu_kernels
 from distillery.training.log import LOG_NAME, quiet_progress, rows_from_state, write_log
 from distillery.training.metrics import trainer_metrics
@@ -65,6 +65,8 @@ def train_and_export(
     quiet_progress(trainer)
     counted = step_flops(model)
     trainer.floating_point_ops = counted  # the Trainer counts each step's FLOPs through this method
+    if targs.device.type == "cpu":
+        steady_allocator()  # no page faults afresh at every step (distillery.runtime)
     started = time.perf_counter()
     with _collect_only_new_objects(targs.device), ExitStack() as kernels:
         for m in (model, getattr(model, "teacher", None)):  # on a CPU: cheaper dropout, attention, bias
