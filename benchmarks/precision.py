@@ -13,7 +13,7 @@ precisions, interleaved (fp32, bf16, bf16, fp32, ...), after a warm-up; the medi
   (c) inference of the 6 x 384 classifier at batch 1 and 32, length 128, and batch 8 at SQuAD's length 384
       (`distillery.efficiency.measure_latency`, as the evaluate stage times the bf16 row, with PyTorch's SDPA, the
       attention inference runs); on a CPU also a padded batch in bf16 with SDPA and with the eager attention,
-      which training runs (`fast_attention` picks by what was faster here);
+      which training runs (`distillery.precision.fast_attention`);
   (d) augmentation's MLM forwards: the masked copies of TinyBERT's Algorithm 1 for the first --sentences SST-2
       training sentences (generated ones without ../shared), batched as `MaskedLM.topk` runs them, through a
       6 x 384 MLM (random weights, or --mlm DIR). With --mlm, also the overlap of the top-K candidates of the two
