@@ -170,8 +170,9 @@ def fast_attention(model: Any, device: str | torch.device | None = None, precisi
     whose backward runs bf16 on the same kernels as the rest of the model, instead of PyTorch's SDPA, whose CPU bf16
     backward is slow; a model that only infers runs SDPA, its default: in inference the two were within 10% of each
     other with a steady allocator, and without one the eager attention's mask add on padded batches faulted its
-    pages in afresh at every call (`python -m benchmarks.precision` times both, (a) and (c)). The two compute the same attention; nothing is saved
-    with the model (its config.json is unchanged). Other models, precisions and devices: unchanged."""
+    pages in afresh at every call (`python -m benchmarks.precision` times both, (a) and (c)). The two compute the
+    same attention; nothing is saved with the model (its config.json is unchanged). Other models, precisions and
+    devices: unchanged."""
     dev, chosen = _on(device, precision)
     if dev != "cpu" or chosen != "bf16" or not hasattr(model, "set_attn_implementation"):
         return model

@@ -43,8 +43,8 @@ import torch
 from torch import nn
 
 from distillery.efficiency.spread import describe_speedup, resolved, spread_of
-from distillery.runtime import steady_allocator
 from distillery.precision import autocast, fast_attention
+from distillery.runtime import steady_allocator
 
 #: the shortest timed sample, in milliseconds of back-to-back calls of one model (its calls per sample are calibrated
 #: to reach it): long against the clock's resolution and the scheduler's jitter, and the model's weights stay warm as
