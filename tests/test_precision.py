@@ -185,7 +185,8 @@ def test_every_objective_under_bf16_autocast_is_within_tolerance_of_fp32(term):
 
 
 def test_a_cpu_trains_bf16_with_the_eager_attention_and_infers_with_sdpa(monkeypatch):
-    """Each the faster there (benchmarks.precision, (a) and (c)); fp32 and GPUs keep the model's own attention."""
+    """Training's bf16 backward is the faster with the eager attention; inference keeps the model's own SDPA (the two
+    within 10% there: benchmarks.precision, (a) and (c)); fp32 and GPUs keep the model's own attention."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: ("avx512_bf16",))
     model, _ = _models("attention_loss")

@@ -140,12 +140,12 @@ class Stack:
             if r["state"]["type"] == "SCHEDULED" and datetime.fromisoformat(r["expected_start_time"]) < soon:
                 self.delete(f"/flow_runs/{r['id']}")
 
-    def settle(self, deployment_id: str, timeout: float = 120) -> None:
+    def settle(self, timeout: float = 120) -> None:
         """Let the deployment's started runs end, then cancel any still pending or running. A worker stopped just
         after it picked up a run (the every-minute cron's next one) leaves that run PENDING or RUNNING, holding the
         deployment's one concurrency slot; this API-only server runs no lease reaper, so the next run would wait
         for the slot forever (`AwaitingConcurrencySlot`: a CI failure). A forced CANCELLED releases it."""
-        filter_ = {"deployments": {"id": {"any_": [deployment_id]}},
+        filter_ = {"deployments": {"id": {"any_": [self.deployment["id"]]}},
                    "flow_runs": {"state": {"type": {"any_": ["PENDING", "RUNNING", "CANCELLING"]}}}}
         deadline = time.monotonic() + timeout
         while (started := self.post("/flow_runs/filter", filter_)) and time.monotonic() < deadline:
@@ -157,7 +157,7 @@ class Stack:
 
     def run_deployment(self) -> dict:
         """Trigger a flow run of the deployment, let one worker poll pick it up and run it to the end."""
-        self.settle(self.deployment["id"])
+        self.settle()
         self.drop_due_scheduled_runs()
         flow_run = self.post(f"/deployments/{self.deployment['id']}/create_flow_run", {})
         t0 = time.perf_counter()
@@ -355,7 +355,7 @@ def test_served_and_worker_deployments_run_on_their_cron_schedules(stack):
             worker.stop()
         # back to prefect.yaml's schedule (which deletes the every-minute runs not yet started)
         run([*PREFECT, "--no-prompt", "deploy", "--name", "nightly"], stack.project, stack.env)
-        stack.settle(stack.deployment["id"])
+        stack.settle()
     assert_on_time(stack, served_run, since, "served cron run", served.log)
     # stopped, it paused its deployment: no runs pile up for a process that is gone (serving it again resumes it)
     assert stack.get(f"/deployments/{deployment['id']}")["paused"]
