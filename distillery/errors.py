@@ -40,10 +40,11 @@ class DiskFullError(UserError, OSError):
 _SHORT_WRITES = ("file write failed", "unexpected pos", "No space left on device")
 
 
-def disk_full(exc: BaseException, where: "str | os.PathLike") -> DiskFullError | None:
+def disk_full(exc: BaseException, where: "str | os.PathLike", writing: str | None = None) -> DiskFullError | None:
     """One line for a full disk, whatever raised it: an OSError with ENOSPC (EDQUOT: a quota) anywhere in the chain
     of `exc`, or PyTorch's writer failing on a disk with almost nothing free; None for any other error. The line
-    names the file being written (or `where`) and the space left on its filesystem."""
+    names the file being written (else `writing`, e.g. the stage's outputs, else `where`) and the space left on its
+    filesystem."""
     import errno
     import shutil
 
@@ -65,7 +66,7 @@ def disk_full(exc: BaseException, where: "str | os.PathLike") -> DiskFullError |
         free = f"{shutil.disk_usage(where).free / 2**20:.0f} MiB free"
     except OSError:
         free = "free space unknown"
-    return DiskFullError(f"no space left on device writing {path or where} ({free} on the filesystem of {where}): "
+    return DiskFullError(f"no space left on device writing {path or writing or where} ({free} on the filesystem of {where}): "
                          "free some space and run again (what the stage half-wrote is not kept: it runs again)")
 
 

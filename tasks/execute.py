@@ -65,7 +65,8 @@ def execute(stage: Stage, params: Params, item: str | None = None, parent_run_id
         try:
             result = run_stage(stage, params, item, key)
         except Exception as exc:
-            if (full := disk_full(exc, paths.ROOT)) is not None:  # one line, not the writer's traceback
+            writing = ", ".join(_rel(Path(o)) for o in stage.outs(params, item))  # PyTorch's writer names no file
+            if (full := disk_full(exc, paths.ROOT, writing)) is not None:  # one line, not the writer's traceback
                 raise full from exc
             raise
         if result.get("skipped"):

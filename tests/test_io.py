@@ -77,6 +77,9 @@ def test_a_full_disk_is_one_line_naming_the_file_and_the_space_left_whoever_rais
             raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 4480 vs 4368") from inner
     except RuntimeError as outer:
         assert disk_full(outer, tmp_path) is not None
+        # the writer names no file: the line names what the stage was writing, when the caller says
+        assert str(disk_full(outer, tmp_path, "models/teacher-mlm")).startswith(
+            "no space left on device writing models/teacher-mlm (")
     # the same words on a disk with room: not a full disk (a bug keeps its traceback)
     assert disk_full(RuntimeError("unexpected pos 4480 vs 4368"), tmp_path) is None
     assert disk_full(OSError(errno.EACCES, "Permission denied", "x"), tmp_path) is None
