@@ -6,9 +6,10 @@ with every candidate timed instead of predicted).
    weights in every deployed form and timed beside the fp32 teacher (`distillery.efficiency.budget`); those over the
    budget are dropped.
 2. ``shapes`` of the shapes that meet it (each in its most faithful form that does; the largest of each depth first,
-   `finalists`) are trained with the task stage their recipe gives them, on ``train_examples`` training examples of
-   each task, and scored by their mean dev retention over the tasks; the better half goes on with twice the examples
-   until one is left (successive halving). Every task stage of this student then trains the winner fully
+   `finalists`), each timed again alone beside the teacher (`confirm`: one that no longer meets the budget gives
+   its place to the next), are trained with the task stage their recipe gives them, on ``train_examples`` training
+   examples of each task, and scored by their mean dev retention over the tasks; the better half goes on with twice
+   the examples until one is left (successive halving). Every task stage of this student then trains the winner fully
    (`tasks.distill.recipe_of`).
 
 Writes ``models/search/<student>/search.json`` (the budget, the teacher's time, every candidate's time, speedup,
@@ -37,8 +38,8 @@ def budgeted(p: Params) -> list[str]:
 
 
 def run_search(p: Params, student: str) -> dict[str, Any]:
-    from distillery.efficiency.budget import (Candidate, available_forms, finalists, successive_halving,
-                                              time_candidates, within_budget)
+    from distillery.efficiency.budget import (Candidate, available_forms, confirm, successive_halving, time_candidates,
+                                              within_budget)
     from distillery.io import atomic_dir, write_json
     from distillery.models import load_model
     from distillery.recipes import budget_shapes, task_plan, with_shape
@@ -65,9 +66,9 @@ def run_search(p: Params, student: str) -> dict[str, Any]:
     teacher = load_model(paths.teacher(tasks[0]) / "model", head=task_kind(tasks[0]).head).eval()
     say(f"search[{student}]: timing the teacher and {len(cands)} candidates ({budget.describe()})")
     teacher_ms, timed = time_candidates(teacher, cands, budget)
-    del teacher
     keep = within_budget(timed, teacher_ms, budget)
-    final = finalists(keep, spec.shapes)
+    final = confirm(teacher, keep, budget, spec.shapes)  # each finalist timed again alone beside the teacher
+    del teacher
     by_name = {t.candidate.shape_name: t for t in final}
     teachers = {task: teacher_main(task) for task in tasks}
     opened = {task: open_task(task_files(p, f"{student}:{task}"), p.seed) for task in tasks}
@@ -94,11 +95,14 @@ def run_search(p: Params, student: str) -> dict[str, Any]:
     winner, rounds = successive_halving(list(by_name), score, spec.train_examples)
     best = by_name[winner]
     limit = budget.limit_ms(teacher_ms)
+    again = {t.candidate.name: t for t in final}  # the finalists' second timing, alone beside the teacher
     rows = [{"name": t.candidate.name, "shape": t.candidate.shape, "form": t.candidate.form, "ms": round(t.ms, 4),
              "ms_p90": round(t.ms_high, 4), "speedup": round(t.speedup, 3), "speedup_p10": round(t.speedup_low, 3),
-             "params": t.params, "meets_budget": budget.met_by(t),
-             "finalist": t in final, "scores": [r[t.candidate.shape_name] for r in rounds
-                                                if t in final and t.candidate.shape_name in r]} for t in timed]
+             "params": t.params, "meets_budget": budget.met_by(t), "finalist": t.candidate.name in again,
+             **({"alone": {"ms": round(a.ms, 4), "ms_p90": round(a.ms_high, 4), "speedup": round(a.speedup, 3),
+                           "speedup_p10": round(a.speedup_low, 3)}} if (a := again.get(t.candidate.name)) else {}),
+             "scores": [r[t.candidate.shape_name] for r in rounds
+                        if t.candidate.name in again and t.candidate.shape_name in r]} for t in timed]
     result = {"budget": budget.describe(), "limit_ms": round(limit, 4), "teacher_ms": round(teacher_ms, 4),
               "tasks": tasks, "teacher_scores": teachers, "rounds": rounds, "candidates": rows,
               "winner": {"shape": best.candidate.shape, "form": best.candidate.form, "ms": round(best.ms, 4),
@@ -109,7 +113,7 @@ def run_search(p: Params, student: str) -> dict[str, Any]:
         write_json(tmp / "search.json", result)
         search_plot(rows, teacher_ms, limit, best.candidate.name, tmp / "pareto.png")
     say(f"search[{student}]: chosen {best.candidate.name}: {best.ms:.2f} ms, {best.speedup:.2f}x the fp32 "
-        f"teacher ({teacher_ms:.2f} ms; at least {best.speedup_low:.2f}x in 9 of 10 rounds), "
+        f"teacher ({teacher_ms:.2f} ms; at least {best.speedup_low:.2f}x in 9 of 10 rounds, timed alone beside it), "
         f"{best.params / 1e6:.2f} M parameters")
     return {"metrics": {"teacher_ms": teacher_ms, "chosen_ms": best.ms, "chosen_speedup": best.speedup,
                         "chosen_params": best.params, "candidates_timed": len(timed),

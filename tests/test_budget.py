@@ -9,7 +9,7 @@ import pytest
 import transformers
 
 from distillery.efficiency.budget import (Budget, BudgetError, Candidate, Timed, available_forms, candidates,
-                                          finalists, successive_halving, time_candidates, within_budget)
+                                          confirm, finalists, successive_halving, time_candidates, within_budget)
 from distillery.shape import Dims
 
 from helpers import ONE_STUDENT, bert_config
@@ -89,6 +89,33 @@ def test_int8_candidates_are_timed_in_fresh_sessions_and_keep_the_median(tmp_pat
     assert all(m["teacher"] is teacher and m["1x32-h4-f64-fp32"] is seen[0]["1x32-h4-f64-fp32"] for m in seen)
     with pytest.raises(BudgetError):
         time_candidates(teacher, cands, Budget(speedup=2), timer=timer, sessions=0)
+
+
+def test_each_finalist_is_timed_again_alone_and_one_that_misses_then_gives_its_place(tmp_path):
+    """The pass over every candidate said the largest shape met the budget; timed alone beside the teacher it does
+    not: the next in line is the finalist, with its second figures; nothing holding is one error."""
+    teacher = tiny_teacher()
+    cands = candidates(Dims.of_config(teacher.config), depths=[1, 2, 3], width_fractions=(1,), ffn_ratios=(1,),
+                       forms=("fp32",))
+    budget = Budget(speedup=2)
+    passes: list[list[str]] = []
+
+    def timer(models, precisions):
+        alone = len(models) == 2
+        if alone:
+            passes.append([n for n in models if n != "teacher"])
+        # the long pass: every shape 20 ms (3x); alone: 3 layers 40 ms (1.5x), the others 25 ms (2.4x)
+        return {"teacher": 60.0, **{n: (40.0 if alone and n.startswith("3x") else 25.0 if alone else 20.0)
+                                    for n in models if n != "teacher"}}
+
+    teacher_ms, timed = time_candidates(teacher, cands, budget, timer=timer, workdir=tmp_path)
+    keep = within_budget(timed, teacher_ms, budget)
+    assert [t.candidate.layers for t in finalists(keep, 1)] == [3]
+    final = confirm(teacher, keep, budget, 1, timer=timer, workdir=tmp_path)
+    assert passes == [["3x32-h4-f64-fp32"]] * 3 + [["2x32-h4-f64-fp32"]] * 3  # each in three sessions, as the pass
+    assert [(t.candidate.name, t.ms, t.speedup) for t in final] == [("2x32-h4-f64-fp32", 25.0, 2.4)]
+    with pytest.raises(BudgetError, match="when timed again alone beside the fp32 teacher: 3x32-h4-f64-fp32 1.50x"):
+        confirm(teacher, keep, Budget(speedup=2.5), 1, timer=timer, workdir=tmp_path)
 
 
 def test_a_budget_no_candidate_meets_names_the_budget_and_the_fastest():

@@ -288,6 +288,28 @@ def finalists(keep: Sequence[Timed], n: int) -> list[Timed]:
     return (firsts + [t for t in ranked if t not in firsts])[:n]
 
 
+def confirm(teacher, keep: Sequence[Timed], budget: Budget, n: int, *, timer: Timer | None = None,
+            workdir: str | Path | None = None) -> list[Timed]:
+    """`finalists` of ``keep`` whose figures hold when each is timed again alone beside the teacher (`time_candidates`
+    of that candidate only): the pass over every candidate lasts minutes, in which the machine's speed drifts, and a
+    borderline shape met the budget or missed it by the draw; one candidate's pass lasts seconds. Each finalist gets
+    its second timing's figures; one that no longer meets the budget is dropped and the next in line takes its place.
+    None holds: `BudgetError`, as `within_budget`'s."""
+    pool, again = list(keep), {}
+    while pool:
+        final = finalists(pool, n)
+        todo = [t for t in final if t.candidate.name not in again]
+        if not todo:
+            return [again[t.candidate.name] for t in final]
+        for t in todo:
+            _, (timed,) = time_candidates(teacher, [t.candidate], budget, timer=timer, workdir=workdir)
+            again[t.candidate.name] = timed
+            pool = [timed if p is t else p for p in pool] if budget.met_by(timed) else [p for p in pool if p is not t]
+    raise BudgetError(f"no candidate meets the budget ({budget.describe()}) when timed again alone beside the "
+                      f"fp32 teacher: {', '.join(f'{t.candidate.name} {t.speedup:.2f}x' for t in again.values())}; "
+                      "loosen the budget or allow smaller shapes")
+
+
 def successive_halving(names: Sequence[str], score: Callable[[str, int], float], first: int,
                        ) -> tuple[str, list[dict[str, float]]]:
     """Successive halving (Jamieson & Talwalkar, 2016; the schedule of Hyperband's brackets): every name is scored
@@ -306,5 +328,6 @@ def successive_halving(names: Sequence[str], score: Callable[[str, int], float],
     return alive[0], rounds
 
 
-__all__ = ["Budget", "BudgetError", "Candidate", "FORMS", "Timed", "Timer", "available_forms", "candidates", "finalists",
+__all__ = ["Budget", "BudgetError", "Candidate", "FORMS", "Timed", "Timer", "available_forms", "candidates", "confirm",
+           "finalists",
            "measured_timer", "successive_halving", "time_candidates", "within_budget"]
