@@ -66,8 +66,9 @@ def disk_full(exc: BaseException, where: "str | os.PathLike", writing: str | Non
         free = f"{shutil.disk_usage(where).free / 2**20:.0f} MiB free"
     except OSError:
         free = "free space unknown"
-    return DiskFullError(f"no space left on device writing {path or writing or where} ({free} on the filesystem of {where}): "
-                         "free some space and run again (what the stage half-wrote is not kept: it runs again)")
+    return DiskFullError(f"no space left on device writing {path or writing or where} ({free} on the filesystem of "
+                         f"{where}): free some space and run again (what the stage half-wrote is not kept: it runs "
+                         "again)")
 
 
 def debug_requested(argv: list[str] | None = None) -> bool:

@@ -329,5 +329,4 @@ def successive_halving(names: Sequence[str], score: Callable[[str, int], float],
 
 
 __all__ = ["Budget", "BudgetError", "Candidate", "FORMS", "Timed", "Timer", "available_forms", "candidates", "confirm",
-           "finalists",
-           "measured_timer", "successive_halving", "time_candidates", "within_budget"]
+           "finalists", "measured_timer", "successive_halving", "time_candidates", "within_budget"]
