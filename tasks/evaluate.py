@@ -191,27 +191,28 @@ def _export(p: Params, task: str, student: str, data, result: dict[str, Any]):
 
 def _add_latency(p: Params, task: str, results: dict[str, dict[str, Any]], sessions: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Latency, throughput and speedup over the fp32 teacher on CPU (with the int8 ONNX sessions and each student's bf16
-    form, where `bf16_served`) and, when a GPU is present, again on it, in paired rounds (`measure_latency`): keys
+    form, where `bf16_served`) and, when a GPU is present, again on it, in paired rounds (`measure_latency`) in a
+    process of their own (`distillery.efficiency.apart`): keys
     latency_ms_b<batch>[_int8|_bf16][_cuda], throughput_b..., speedup_b... (the median of the per-round ratios) and
     speedup_p10_b..., speedup_p90_b... (their spread)."""
     import torch
 
-    from distillery.efficiency.latency import time_sessions
-    from distillery.models import load_model
+    from distillery.efficiency.apart import time_apart
 
     head = task_kind(task).head
-    models = {name: load_model(d, head=head).eval() for name, d in present(evaluated_models(p, task)).items()
+    # every timing in a process of its own that loads the models and does nothing else (`time_apart`)
+    models = {name: {"torch": str(d), "head": head} for name, d in present(evaluated_models(p, task)).items()
               if runnable(d)}
     reference = "teacher" if "teacher" in models else None  # a teacher known by its predictions: no speedups
     bf16 = {f"{name}-bf16": models[name] for name in p.students if name in models} if bf16_served(p) else {}
+    int8 = {name: {"onnx": str(s.path), "vocab_size": s.vocab_size} for name, s in sessions.items()}
     for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
-        timed = {**models, **bf16, **sessions} if device == "cpu" else models
-        for batch in p.evaluation.latency_batch_sizes:
-            # the int8 forms in several fresh sessions, as the budget search times them (`time_sessions`)
-            table = time_sessions(timed, batch=batch, seq_len=p.evaluation.latency_seq_len,
-                                  reps=p.evaluation.latency_rounds, reference=reference or next(iter(timed)),
-                                  device=device,
-                                  precisions=dict.fromkeys(bf16, "bf16"))
+        timed = {**models, **bf16, **int8} if device == "cpu" else models
+        # the int8 forms in several fresh sessions, as the budget search times them (`time_sessions`)
+        tables = time_apart(timed, batches=p.evaluation.latency_batch_sizes, seq_len=p.evaluation.latency_seq_len,
+                            reps=p.evaluation.latency_rounds, reference=reference or next(iter(timed)),
+                            device=device, precisions=dict.fromkeys(bf16, "bf16"))
+        for batch, table in tables.items():
             for name, row in table.items():
                 target, suffix = name, ""
                 for form in FORMS:

@@ -175,3 +175,21 @@ def test_sessions_of_a_runtime_model_are_drawn_afresh_and_every_round_of_every_r
                            warmup=1, settle_ms=0)
     assert single["plain"].reps == 4  # nothing to draw afresh: one run
     assert pooled([single]) == single
+
+
+def test_saved_models_are_timed_in_a_process_of_their_own(tmp_path):
+    from distillery.efficiency.apart import time_apart
+
+    cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, max_position_embeddings=32, num_labels=2)
+    transformers.BertForSequenceClassification(cfg).save_pretrained(tmp_path / "m")
+    model = {"torch": str(tmp_path / "m"), "head": "sequence-classification"}
+    tables = time_apart({"ref": model, "same": model, "same-bf16": model}, batches=[1, 3], reference="ref", reps=3,
+                        seq_len=7, min_sample_ms=1, device="cpu", precisions={"same-bf16": "bf16"})
+    assert sorted(tables) == [1, 3] and sorted(tables[3]) == ["ref", "same", "same-bf16"]
+    row = tables[3]["same"]
+    assert row.batch == 3 and row.seq_len == 7 and row.threads == torch.get_num_threads()
+    assert len(row.ratios) == 3 and row.speedup > 0 and isinstance(row.samples_ms, tuple)
+    with pytest.raises(RuntimeError, match="timing process exited"):
+        time_apart({"gone": {"torch": str(tmp_path / "none"), "head": "sequence-classification"}}, batches=[1],
+                   reps=3, device="cpu")
