@@ -4,8 +4,7 @@ a fresh Python process (``python -m distillery.efficiency.apart SPEC OUT``) and 
 A long-lived process is a poor place to time small models side by side: inside the pipeline's flow process, which
 also holds a Prefect server, MLflow and their threads, the speedups of the same demo models moved from one run of the
 flow to the next (PyTorch's slower in one run while ONNX Runtime's was faster) though each run's paired rounds agreed
-with each other; timed in a process that loads the models and does nothing else, they agreed run to run. The results
-log holds the runs (docs/results.md).
+with each other; timed in a process that loads the models and does nothing else, they agreed run to run.
 """
 
 from __future__ import annotations
