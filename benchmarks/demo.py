@@ -18,12 +18,23 @@ after the other, nothing else running. Then, and only then, the checks:
 table into README.md (between the `demo-line` and `results-table` markers) before checking: a figure in the README
 comes from a run.
 The last line is `demo check: ok` or `demo check: N problem(s)`; the exit code is 0 or 1.
+
+The timings alone, without training again:
+
+    python -m benchmarks.demo --retime RUN_DIR [--times 3]
+
+runs the evaluate stage of a finished run (a project whose pipeline ran, e.g. a `--workdir`'s ``run-1``) `--times`
+times over the same saved models (``python -m flows.stage evaluate``, tracking off; it rewrites that run's evaluate
+outputs) and compares every speedup of each timing with the first's as above; it counts the speedups that agree,
+those within 10% that one timing leaves unresolved, and those further apart. Last line: `timing check: ok` or
+`timing check: N problem(s)`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -169,13 +180,68 @@ def check_runs(runs: list[dict]) -> list[str]:
                             and key in ("main", "accuracy", "f1", "mcc", "exact_match", "pearson", "spearmanr",
                                         "gain_over_direct", "retention") and theirs.get(key) != value:
                         problems.append(f"run {i}: {task}: {name}.{key} {theirs.get(key)} against {value}")
-                ours, their_speeds = speed_keys(row), speed_keys(theirs)
-                for key, rounds in ours.items():
-                    if key in their_speeds and not close(figure(rounds), figure(their_speeds[key])):
-                        problems.append(f"run {i}: {task}: {name}.{key} {their_speeds[key][0]} against {rounds[0]} "
-                                        f"(more than {TOLERANCE:.0%} apart, or resolved in one run only)")
+        problems += speed_problems(first["summary"], other["summary"], f"run {i}")
         problems += compare_lines(first["line"], other["line"], f"run {i}'s last line against run 1's")
     return problems
+
+
+def speed_pairs(ours: dict, theirs: dict):
+    """(task, model, key, our rounds, their rounds) for each speedup both results hold ({task: {model: row}})."""
+    for task, models in ours.items():
+        for name, row in models.items():
+            their_speeds = speed_keys(theirs.get(task, {}).get(name, {}))
+            for key, rounds in speed_keys(row).items():
+                if key in their_speeds:
+                    yield task, name, key, rounds, their_speeds[key]
+
+
+def speed_problems(ours: dict, theirs: dict, label: str) -> list[str]:
+    """A line for each speedup of `theirs` more than `TOLERANCE` from ours, or resolved in one of the two only."""
+    return [f"{label}: {task}: {name}.{key} {b[0]} against {a[0]} (more than {TOLERANCE:.0%} apart, or resolved in "
+            "one run only)" for task, name, key, a, b in speed_pairs(ours, theirs) if not close(figure(a), figure(b))]
+
+
+def retime(run_dir: Path, times: int) -> list[dict]:
+    """The evaluate stage of the finished run in `run_dir`, `times` times over its saved models: each time's rows
+    ({task: {model: row}}, `metrics/eval/<task>.json`)."""
+    tasks = sorted(f.stem for f in (run_dir / "metrics" / "eval").glob("*.json"))
+    if not tasks:
+        raise SystemExit(f"error: {run_dir}: no metrics/eval/*.json (a project whose pipeline ran)")
+    env = {**os.environ, "DISTILLERY_TRACKING": "off"}
+    timings = []
+    for i in range(times):
+        rows = {}
+        for task in tasks:
+            (run_dir / ".prefect" / "stamps" / f"evaluate@{task}").unlink(missing_ok=True)
+            t0 = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "flows.stage", "evaluate", "--item", task], cwd=run_dir,
+                                  env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise SystemExit(f"error: timing {i + 1}: evaluate[{task}] failed (exit {proc.returncode}):\n"
+                                 f"{(proc.stdout + proc.stderr)[-3000:]}")
+            rows[task] = json.loads((run_dir / "metrics" / "eval" / f"{task}.json").read_text(encoding="utf-8"))
+            print(f"timing {i + 1}: evaluate[{task}] {time.perf_counter() - t0:.0f} s", flush=True)
+        timings.append(rows)
+    return timings
+
+
+def timing_counts(timings: list[dict]) -> str:
+    """How each later timing's speedups compare with the first's: agreeing, within `TOLERANCE` but unresolved in one
+    only, further apart; and the largest ratio of two medians, unresolved ones included."""
+    agree = flip = apart = 0
+    largest = 1.0
+    for other in timings[1:]:
+        for *_, a, b in speed_pairs(timings[0], other):
+            largest = max(largest, a[0] / b[0], b[0] / a[0])
+            if close(figure(a), figure(b)):
+                agree += 1
+            elif close(a[0], b[0]):
+                flip += 1
+            else:
+                apart += 1
+    return (f"{agree + flip + apart} speedups against the first timing's: {agree} agree, {flip} within "
+            f"{TOLERANCE:.0%} but unresolved in one timing only, {apart} further apart; the largest ratio of two medians "
+            f"{largest:.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,7 +251,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--workdir", default=None, help="where the clones go (default: a new temporary directory)")
     ap.add_argument("--write", action="store_true", help="put run 1's line into README.md and the results log")
+    ap.add_argument("--retime", default=None, metavar="RUN_DIR",
+                    help="instead of demo runs: time a finished run's saved models again (its evaluate stage)")
+    ap.add_argument("--times", type=int, default=3, help="with --retime: how many timings")
     args = ap.parse_args(argv)
+    if args.retime:
+        timings = retime(Path(args.retime).resolve(), args.times)
+        problems = [p for i, t in enumerate(timings[1:], start=2) for p in speed_problems(timings[0], t, f"timing {i}")]
+        for p in problems:
+            print(p)
+        print(timing_counts(timings))
+        print("timing check: ok" if not problems else f"timing check: {len(problems)} problem(s)")
+        return 0 if not problems else 1
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="distillery-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     runs = [run_demo(workdir, i + 1, args.params) for i in range(args.runs)]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.demo import close, compare_lines, readme_line, split_line, with_readme_line
+from benchmarks.demo import close, compare_lines, readme_line, speed_problems, split_line, timing_counts, with_readme_line
 from distillery.results import append_run, read_log, render
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,6 +81,25 @@ def test_two_lines_agree_on_everything_but_speedups_within_ten_percent():
     assert close(None, None) and not close(None, 2.0)
     text = "intro <!-- demo-line -->`old`<!-- /demo-line --> outro"
     assert readme_line(with_readme_line(text, line)) == line
+
+
+def test_two_timings_of_the_same_models_are_compared_speedup_by_speedup():
+    """`--retime`'s comparison: each speedup against the first timing's, agreeing (within 10%, or unresolved in both),
+    within 10% but resolved in one timing only, or further apart."""
+    def timing(**speeds):
+        return {"demo": {"s": {f"speedup_{k}": v[0] for k, v in speeds.items()}
+                         | {f"speedup_{q}_{k}": v[i] for k, v in speeds.items() for i, q in ((1, "p10"), (2, "p90"))}}}
+
+    first = timing(b1=(2.6, 2.5, 2.7), b1_int8=(7.0, 6.5, 7.5), b32=(4.0, 3.9, 4.1))
+    same = timing(b1=(2.7, 2.6, 2.8), b1_int8=(7.2, 6.8, 7.6), b32=(4.1, 4.0, 4.2))
+    assert speed_problems(first, same, "timing 2") == []
+    other = timing(b1=(2.7, 2.6, 2.8), b1_int8=(7.2, 5.0, 9.0), b32=(5.0, 4.9, 5.1))  # int8 unresolved, b32 25% off
+    problems = speed_problems(first, other, "timing 2")
+    assert [p.split(" (")[0] for p in problems] == ["timing 2: demo: s.speedup_b1_int8 7.2 against 7.0",
+                                                    "timing 2: demo: s.speedup_b32 5.0 against 4.0"]
+    assert timing_counts([first, same, other]) == (
+        "6 speedups against the first timing's: 4 agree, 1 within 10% but unresolved in one timing only, "
+        "1 further apart; the largest ratio of two medians 1.25x")
 
 
 def test_the_readme_table_is_the_newest_measured_demo_run_of_the_log():
