@@ -134,8 +134,10 @@ def different_tensors(a: Path, b: Path) -> list[str]:
 
 
 def speed_keys(row: dict) -> dict[str, tuple]:
-    """Each speedup of a summary row with its spread: key -> (median, p10, p90)."""
-    return {k: (row[k], *(row.get(k.replace("speedup_", f"speedup_{q}_", 1)) for q in ("p10", "p90")))
+    """Each speedup of a summary row with its spread: key -> (median, p10, p90, low, high) (`speed_of`)."""
+    from distillery.efficiency.spread import speed_of
+
+    return {k: speed_of(row, k.removeprefix("speedup"))
             for k in row if k.startswith("speedup_b") and isinstance(row[k], (int, float))}
 
 
@@ -143,7 +145,7 @@ def figure(rounds: tuple) -> float | None:
     """A summary's speedup, None when its rounds leave it unresolved."""
     from distillery.efficiency.spread import resolved
 
-    return rounds[0] if None in rounds[1:] or resolved(*rounds) else None
+    return rounds[0] if None in rounds[1:3] or resolved(*rounds) else None
 
 
 def check_runs(runs: list[dict]) -> list[str]:
@@ -240,8 +242,8 @@ def timing_counts(timings: list[dict]) -> str:
             else:
                 apart += 1
     return (f"{agree + flip + apart} speedups against the first timing's: {agree} agree, {flip} within "
-            f"{TOLERANCE:.0%} but unresolved in one timing only, {apart} further apart; the largest ratio of two medians "
-            f"{largest:.2f}x")
+            f"{TOLERANCE:.0%} but unresolved in one timing only, {apart} further apart; the largest ratio of two "
+            f"medians {largest:.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -441,7 +441,8 @@ class EvaluationSection(Section):
     # batch sizes timed; the report's speed column uses the smallest
     latency_batch_sizes: list[int] = Field(default_factory=lambda: [1, 32])
     latency_seq_len: int = Field(128, ge=8, le=512)  # tokens per sequence timed (and a budget's default `seq_len`)
-    latency_rounds: int = Field(20, ge=3)  # paired rounds of every model and the teacher; speedups are their median
+    # paired rounds of every model and the teacher (up to 3x for an unresolved speedup); speedups are their median
+    latency_rounds: int = Field(20, ge=3)
     export_onnx: bool = True  # ONNX + int8 (ONNX Runtime dynamic quantisation) of every student
 
     @field_validator("latency_batch_sizes")

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from distillery.efficiency.spread import describe_speedup, resolved
+from distillery.efficiency.spread import describe_speedup, resolved, speed_of
 from distillery.io import atomic_path, write_text
 
 METRIC_KEYS = ("accuracy", "f1", "mcc", "pearson", "spearman")
@@ -94,12 +94,13 @@ def rows_lines(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[s
 
 def _speed(row: Mapping[str, Any], suffix: str, what: str) -> str:
     """"2.6x [2.5-2.7] faster at batch 1": a speedup with the 10th-90th percentiles of its paired rounds; "speedup at
-    batch 1 unresolved [1.2-4.0x over the rounds]" when they spread too wide to say (a busy machine, or a runtime whose
-    calls vary: `distillery.efficiency.spread`)."""
-    speedup, low, high = (row.get(f"{k}{suffix}") for k in ("speedup", "speedup_p10", "speedup_p90"))
-    if isinstance(low, (int, float)) and isinstance(high, (int, float)) and not resolved(speedup, low, high):
+    batch 1 unresolved [1.2-4.0x over the rounds]" when they do not pin the median down (a busy machine, or a runtime
+    whose calls vary: `distillery.efficiency.spread`)."""
+    speed = speed_of(row, suffix)
+    low, high = speed[1:3]
+    if isinstance(low, (int, float)) and isinstance(high, (int, float)) and not resolved(*speed):
         return f"speedup {what.removeprefix('faster ')} unresolved [{low:.1f}-{high:.1f}x over the rounds]"
-    return f"{describe_speedup(speedup, low, high)} {what}"
+    return f"{describe_speedup(*speed)} {what}"
 
 
 def retention(score: float, teacher_score: float) -> float | None:
@@ -177,7 +178,7 @@ def build_rows(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], *, latenc
         if name in models:
             models[name]["latency_ms"] = _latency_ms(value)
             if isinstance(value, Mapping) and isinstance(value.get("speedup"), (int, float)):
-                models[name]["rounds"] = tuple(value.get(k) for k in ("speedup", "speedup_p10", "speedup_p90"))
+                models[name]["rounds"] = speed_of(value)
     t_row = models.get(teacher) if teacher else None
     for row in models.values():
         scores = row["scores"]
@@ -232,7 +233,7 @@ def _header(tasks: list[str]) -> list[str]:
 
 def _intro(tasks: list[str], rows: list[dict[str, Any]]) -> str:
     text = ("Dev-set scores (x100), parameters, FLOPs per example and speedup over the teacher (the median of paired "
-            "rounds, [10th-90th percentile]; unresolved when they spread too wide to say); "
+            "rounds, [10th-90th percentile]; unresolved when they do not pin the median down); "
             "retention = student average / teacher average.")
     if any(r["model"] == "trivial" for r in rows):
         from distillery.task_kinds import task_kind

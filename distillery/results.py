@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Mapping
 
-from distillery.efficiency.spread import describe_speedup
+from distillery.efficiency.spread import KEYS, describe_speedup, speed_of
 from distillery.io import write_text
 
 HEADER = ("# Results log\n\nEvery measured run, one row each, written from the run's `metrics/summary.json` by "
@@ -65,7 +65,7 @@ def row_from_summary(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> 
         for name, r in models.items():
             entry = {k: r[k] for k in ("main", "accuracy", "f1", "mcc", "pearson", "retention", "gain_over_direct")
                      if isinstance(r.get(k), (int, float))}
-            for k in ("speedup_b1", "speedup_p10_b1", "speedup_p90_b1"):
+            for k in (f"{key}_b1" for key in KEYS):
                 if isinstance(r.get(k), (int, float)):
                     entry[k] = r[k]
             tasks[task][name] = entry
@@ -152,7 +152,7 @@ def render(rows: list[Mapping[str, Any]]) -> str:
             for name, e in models.items():
                 kept = f"{e['retention']:.3f}" if "retention" in e else "-"
                 gain = f"{100 * e['gain_over_direct']:+.2f}" if "gain_over_direct" in e else "-"
-                speed = describe_speedup(e.get("speedup_b1"), e.get("speedup_p10_b1"), e.get("speedup_p90_b1"))
+                speed = describe_speedup(*speed_of(e, "_b1"))
                 out.append(f"| {name} | {_score(e)} | {kept} | {gain} | {speed} |\n")
     return "".join(out)
 
@@ -168,7 +168,7 @@ def readme_table(rows: list[Mapping[str, Any]], task: str = "demo") -> str:
 
     def speed(name: str) -> str:
         e = models.get(name, {})
-        return describe_speedup(e.get("speedup_b1"), e.get("speedup_p10_b1"), e.get("speedup_p90_b1"))
+        return describe_speedup(*speed_of(e, "_b1"))
 
     out = [f"| {task} ({run['date']}, {run['commit']}, {run['machine']}) | dev score | retention | direct | "
            "speedup b1 [p10-p90] | bf16 | int8 |\n|---|---:|---:|---:|---:|---:|---:|\n"]

@@ -193,8 +193,9 @@ def _add_latency(p: Params, task: str, results: dict[str, dict[str, Any]], sessi
     """Latency, throughput and speedup over the fp32 teacher on CPU (with the int8 ONNX sessions and each student's bf16
     form, where `bf16_served`) and, when a GPU is present, again on it, in paired rounds (`measure_latency`) in a
     process of their own (`distillery.efficiency.apart`): keys
-    latency_ms_b<batch>[_int8|_bf16][_cuda], throughput_b..., speedup_b... (the median of the per-round ratios) and
-    speedup_p10_b..., speedup_p90_b... (their spread)."""
+    latency_ms_b<batch>[_int8|_bf16][_cuda], throughput_b..., speedup_b... (the median of the per-round ratios),
+    speedup_p10_b..., speedup_p90_b... (their spread) and speedup_ci_low_b..., speedup_ci_high_b... (the median's
+    95% interval); up to three times `latency_rounds` rounds for a speedup that is unresolved after them."""
     import torch
 
     from distillery.efficiency.apart import time_apart
@@ -210,7 +211,8 @@ def _add_latency(p: Params, task: str, results: dict[str, dict[str, Any]], sessi
         timed = {**models, **bf16, **int8} if device == "cpu" else models
         # the int8 forms in several fresh sessions, as the budget search times them (`time_sessions`)
         tables = time_apart(timed, batches=p.evaluation.latency_batch_sizes, seq_len=p.evaluation.latency_seq_len,
-                            reps=p.evaluation.latency_rounds, reference=reference or next(iter(timed)),
+                            reps=p.evaluation.latency_rounds, max_reps=3 * p.evaluation.latency_rounds,
+                            reference=reference or next(iter(timed)),
                             device=device, precisions=dict.fromkeys(bf16, "bf16"))
         for batch, table in tables.items():
             for name, row in table.items():
@@ -224,11 +226,15 @@ def _add_latency(p: Params, task: str, results: dict[str, dict[str, Any]], sessi
                 if reference is not None:
                     results[target].update({
                         f"speedup{suffix}": round(row.speedup, 3), f"speedup_p10{suffix}": round(row.speedup_p10, 3),
-                        f"speedup_p90{suffix}": round(row.speedup_p90, 3)})
+                        f"speedup_p90{suffix}": round(row.speedup_p90, 3),
+                        **{f"{k}{suffix}": round(v, 3) for k, v in (
+                            ("speedup_ci_low", row.speedup_ci_low), ("speedup_ci_high", row.speedup_ci_high))
+                           if v is not None}})
     return results
 
 
 def run_report(p: Params, _: str | None) -> dict[str, Any]:
+    from distillery.efficiency.spread import KEYS
     from distillery.report import rows_lines, write_report
 
     summary = _summary(p)
@@ -239,7 +245,7 @@ def run_report(p: Params, _: str | None) -> dict[str, Any]:
               if _has_loss(f.read_text(encoding="utf-8"))}
     batch = min(p.evaluation.latency_batch_sizes)
     latency = {m: {"median_ms": r[f"latency_ms_b{batch}"],
-                   **{k: r[f"{k}_b{batch}"] for k in ("speedup", "speedup_p10", "speedup_p90") if f"{k}_b{batch}" in r}}
+                   **{k: r[f"{k}_b{batch}"] for k in KEYS if f"{k}_b{batch}" in r}}
                for task in summary.values() for m, r in task.items() if f"latency_ms_b{batch}" in r}
     from distillery.precision import resolve
 

@@ -143,7 +143,7 @@ def budget_lines(p: Params, summary: dict[str, Any]) -> list[str]:
     """One line per budgeted student and task: the shape and form its search chose, and what the evaluate stage
     measured of that form (retention, speedup at the budget's batch over the fp32 teacher, gain over the direct
     baseline)."""
-    from distillery.efficiency.spread import describe_speedup
+    from distillery.efficiency.spread import describe_speedup, speed_of
     from distillery.report import retention, task_score
 
     lines = []
@@ -158,7 +158,7 @@ def budget_lines(p: Params, summary: dict[str, Any]) -> list[str]:
             if row is None or task_score(task, teacher) is None:
                 continue
             kept = retention(task_score(task, row), task_score(task, teacher))
-            speed = describe_speedup(*(row.get(f"{k}_b{batch}") for k in ("speedup", "speedup_p10", "speedup_p90")))
+            speed = describe_speedup(*speed_of(row, f"_b{batch}"))
             gain = models.get(student, {}).get("gain_over_direct")
             lines.append(f"{task}: budget {found['budget']}: {student} is {w['name']} (the search's choice of "
                          f"{len(found['candidates'])} timed, {w['speedup']:.1f}x there, "

@@ -99,6 +99,43 @@ def test_the_speedup_is_the_median_of_per_round_ratios_and_a_busy_machine_leaves
     assert jumpy.as_dict()["resolved"] is False
 
 
+def test_a_speedup_is_resolved_by_its_medians_interval_not_by_how_far_its_rounds_spread(monkeypatch):
+    """A model slow in one round of seven: its rounds spread wide (p10 at half the median), but the median is pinned
+    down, so the figure is reported; the interval is the order statistics a binomial count puts around the median."""
+    from distillery.efficiency.spread import MAX_SPREAD, median_interval, resolved
+
+    assert median_interval(range(1, 22)) == (6, 16) and median_interval(range(6)) == (0, 5)
+    assert median_interval(range(5)) is None  # too few rounds for a 95% interval: never resolved
+    assert resolved(2.0, 1.0, 2.1, 1.8, 2.2) and not resolved(2.0, 1.9, 2.1, 1.6, 2.1)
+    assert resolved(2.0, 1.9, 2.1) and not resolved(2.0, 1.0, 2.1)  # an older row, without the interval: its spread
+    clock = FakeClock(monkeypatch)
+    calls = [0]
+
+    def sometimes_slow():
+        calls[0] += 1
+        return 0.004 if calls[0] % 7 == 3 else 0.002
+
+    res = measure_latency({"ref": clock.model(lambda: 0.004), "s": clock.model(sometimes_slow)}, reps=21, warmup=0,
+                          min_sample_ms=0)["s"]
+    assert res.speedup == pytest.approx(2.0) and (res.speedup_p90 - res.speedup_p10) / res.speedup > MAX_SPREAD
+    assert res.speedup_ci_low == pytest.approx(2.0) and res.speedup_ci_high == pytest.approx(2.0) and res.resolved
+
+
+def test_an_unresolved_speedup_gets_more_rounds_up_to_max_reps(monkeypatch):
+    """`time_sessions(max_reps=...)`: after the planned rounds, runs of the reference and the unresolved models only,
+    pooled with the first, until each is resolved or has had `max_reps` rounds."""
+    from distillery.efficiency.latency import time_sessions
+
+    clock = FakeClock(monkeypatch)
+    draws = iter([0.002, 0.006] * 100)
+    table = time_sessions({"ref": clock.model(lambda: 0.004), "steady": clock.model(lambda: 0.002),
+                           "jumpy": clock.model(lambda: next(draws))}, reps=6, max_reps=18, reference="ref",
+                          warmup=0, min_sample_ms=0)
+    assert table["steady"].reps == 6 and table["steady"].resolved
+    assert table["jumpy"].reps == 18 and len(table["jumpy"].ratios) == 18 and not table["jumpy"].resolved
+    assert len(table["ref"].samples_ms) == 6 * 3 + 2 * 6 * 2  # its samples in every run, pooled
+
+
 def test_models_are_fed_inputs_of_the_requested_shape():
     cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                   intermediate_size=32, max_position_embeddings=32)

@@ -10,9 +10,10 @@ faster") are wall-clock ratios against BERT-base. Here a speedup is a measuremen
   with the drift, while two samples side by side see the same machine;
 * a sample is long enough to be timed well: back-to-back calls for at least `min_sample_ms` (the number of calls is
   calibrated per model after the warm-up), never one call after a pause, which times the runtime waking up;
-* a model's speedup is the median over the rounds of its ratios, reported with their 10th and 90th percentiles.
-  When that spread is wider than `MAX_SPREAD` of the median (a busy machine, or a runtime whose calls vary from
-  round to round) the result is marked unresolved and reports print the spread, not a figure.
+* a model's speedup is the median over the rounds of its ratios, reported with their 10th and 90th percentiles and
+  the distribution-free 95% interval of the median. When that interval reaches further than `MAX_UNCERTAINTY` from
+  the median (a busy machine, or a runtime whose calls vary from round to round) the result is marked unresolved and
+  reports print the spread, not a figure; `time_sessions` first adds rounds for such a model, up to ``max_reps``.
 
 On a CPU, a runtime's worker threads go on spinning for a while after a call returns (ONNX Runtime's for tens of
 milliseconds, PyTorch's OpenMP threads for a few): timed right after another runtime, a model shares the cores with
@@ -42,7 +43,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from distillery.efficiency.spread import describe_speedup, resolved, spread_of
+from distillery.efficiency.spread import describe_speedup, median_interval, resolved, spread_of
 from distillery.precision import autocast, fast_attention
 from distillery.runtime import steady_allocator
 
@@ -57,7 +58,8 @@ TORCH_SETTLE_MS = 5.0
 class LatencyResult:
     """Timing of one model over paired rounds: its median, 10th- and 90th-percentile latency per batch (ms), its
     throughput at the median, and its speedup over the reference: the median of the per-round ratios (the
-    reference's time over this model's in the same round) with their 10th and 90th percentiles."""
+    reference's time over this model's in the same round) with their 10th and 90th percentiles, and the 95% interval
+    of that median (`distillery.efficiency.spread.median_interval`)."""
 
     name: str
     batch: int
@@ -75,6 +77,8 @@ class LatencyResult:
     threads: int
     samples_ms: tuple[float, ...] = ()  # time per batch of each sample, in order (the reference: several a round)
     ratios: tuple[float, ...] = ()  # the speedup in each round: the reference's samples around this model's over it
+    speedup_ci_low: float | None = None  # the 95% interval of the median speedup (None: too few rounds for one)
+    speedup_ci_high: float | None = None
 
     @property
     def spread(self) -> float | None:
@@ -83,8 +87,8 @@ class LatencyResult:
 
     @property
     def resolved(self) -> bool:
-        """Whether the rounds agree closely enough (`MAX_SPREAD`) for the speedup to be reported as a figure."""
-        return resolved(self.speedup, self.speedup_p10, self.speedup_p90)
+        """Whether the median is known closely enough (`MAX_UNCERTAINTY`) for the speedup to be reported as a figure."""
+        return resolved(self.speedup, self.speedup_p10, self.speedup_p90, self.speedup_ci_low, self.speedup_ci_high)
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "resolved": self.resolved}
@@ -233,12 +237,14 @@ def measure_latency(models: Mapping[str, Any], *, batch: int = 1, seq_len: int =
         speedup = low = high = None
         if rs:
             speedup, low, high = (float(np.percentile(rs, q)) for q in (50, 10, 90))
+        interval = median_interval(rs) or (None, None)
         results[name] = LatencyResult(
             name=name, batch=batch, seq_len=seq_len, reps=reps, calls=calls[name], median_ms=1000 * med,
             p10_ms=1000 * float(np.percentile(ts, 10)), p90_ms=1000 * float(np.percentile(ts, 90)),
             throughput=batch / med if med > 0 else float("inf"),
             speedup=speedup, speedup_p10=low, speedup_p90=high, device=str(dev), threads=threads,
-            samples_ms=tuple(1000 * t for t in ts), ratios=tuple(rs))
+            samples_ms=tuple(1000 * t for t in ts), ratios=tuple(rs), speedup_ci_low=interval[0],
+            speedup_ci_high=interval[1])
     return results
 
 
@@ -248,40 +254,56 @@ ONNX_SESSIONS = 3
 
 
 def time_sessions(models: Mapping[str, Any], *, reps: int = 20, sessions: int = ONNX_SESSIONS,
-                  **options: Any) -> dict[str, LatencyResult]:
+                  max_reps: int | None = None, **options: Any) -> dict[str, LatencyResult]:
     """`measure_latency` of `models` in `sessions` runs of ``reps / sessions`` rounds each (at least 3), every model
     that has a ``fresh()`` (an ONNX Runtime session, `distillery.efficiency.export.OnnxModel`) in a new session in
-    each run; the runs `pooled`. With no such model: one run of `reps` rounds."""
+    each run; the runs `pooled`. With no such model: one run of `reps` rounds. ``max_reps``: while a model's speedup
+    is unresolved (`LatencyResult.resolved`) and it has had fewer rounds than that, one more run of the reference and
+    the unresolved models (new sessions again), pooled with the others: its median's interval narrows as rounds
+    are added, its rounds' spread does not."""
     if sessions < 1:
         raise ValueError(f"sessions must be >= 1, got {sessions}")
     if not any(hasattr(m, "fresh") for m in models.values()):
         sessions = 1
+    per = max(3, math.ceil(reps / sessions)) if sessions > 1 else reps
     runs = []
     for s in range(sessions):
         if s:
             models = {name: m.fresh() if hasattr(m, "fresh") else m for name, m in models.items()}
-        runs.append(measure_latency(models, reps=max(3, math.ceil(reps / sessions)) if sessions > 1 else reps,
-                                    **options))
-    return pooled(runs)
+        runs.append(measure_latency(models, reps=per, **options))
+    result = pooled(runs)
+    reference = options.get("reference") or next(iter(models))
+    while max_reps is not None:
+        todo = {n for n, r in result.items()
+                if n != reference and r.speedup is not None and not r.resolved and r.reps + per <= max_reps}
+        if not todo:
+            break
+        models = {n: m.fresh() if hasattr(m, "fresh") else m for n, m in models.items() if n == reference or n in todo}
+        runs.append(measure_latency(models, reps=per, **options))
+        result = pooled(runs)
+    return result
 
 
 def pooled(runs: list[Mapping[str, LatencyResult]]) -> dict[str, LatencyResult]:
     """Several timings of the same models as one: every round of every run counts (samples and per-round ratios
-    joined, medians and percentiles over all of them)."""
+    joined, medians, percentiles and the median's interval over all of them); a model missing from a later run (one
+    that needed no more rounds) is pooled over the runs that hold it."""
     if not runs:
         raise ValueError("pooled needs at least one timing")
     if len(runs) == 1:
         return dict(runs[0])
     out = {}
     for name, first in runs[0].items():
-        rows = [r[name] for r in runs]
+        rows = [r[name] for r in runs if name in r]
         ts = [t for r in rows for t in r.samples_ms]
         rs = [x for r in rows for x in r.ratios]
         med = statistics.median(ts)
         speedup = low = high = None
         if rs:
             speedup, low, high = (float(np.percentile(rs, q)) for q in (50, 10, 90))
+        interval = median_interval(rs) or (None, None)
         out[name] = replace(first, reps=sum(r.reps for r in rows), median_ms=med,
+                            speedup_ci_low=interval[0], speedup_ci_high=interval[1],
                             p10_ms=float(np.percentile(ts, 10)), p90_ms=float(np.percentile(ts, 90)),
                             throughput=first.batch / (med / 1000) if med > 0 else float("inf"),
                             speedup=speedup, speedup_p10=low, speedup_p90=high, samples_ms=tuple(ts), ratios=tuple(rs))
@@ -293,7 +315,7 @@ def latency_table(results: Mapping[str, LatencyResult]) -> str:
     lines = ["| model | batch | seq | calls per sample | median ms | p10-p90 ms | examples/s | speedup (p10-p90) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results.values():
-        sp = describe_speedup(r.speedup, r.speedup_p10, r.speedup_p90)
+        sp = describe_speedup(r.speedup, r.speedup_p10, r.speedup_p90, r.speedup_ci_low, r.speedup_ci_high)
         lines.append(f"| {r.name} | {r.batch} | {r.seq_len} | {r.calls} | {r.median_ms:.2f} | "
                      f"{r.p10_ms:.2f}-{r.p90_ms:.2f} | {r.throughput:.1f} | {sp} |")
     return "\n".join(lines) + "\n"
