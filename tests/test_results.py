@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.demo import close, compare_lines, readme_line, speed_problems, split_line, timing_counts, with_readme_line
+from benchmarks.demo import (close, compare_lines, readme_line, speed_problems, split_line, timing_counts,
+                             with_readme_line)
 from distillery.results import append_run, read_log, render
 
 ROOT = Path(__file__).resolve().parents[1]
