@@ -97,9 +97,9 @@ def _speed(row: Mapping[str, Any], suffix: str, what: str) -> str:
     batch 1 unresolved [1.2-4.0x over the rounds]" when they do not pin the median down (a busy machine, or a runtime
     whose calls vary: `distillery.efficiency.spread`)."""
     speed = speed_of(row, suffix)
-    low, high = speed[1:3]
-    if isinstance(low, (int, float)) and isinstance(high, (int, float)) and not resolved(*speed):
-        return f"speedup {what.removeprefix('faster ')} unresolved [{low:.1f}-{high:.1f}x over the rounds]"
+    p10, p90 = speed[1:3]
+    if isinstance(p10, (int, float)) and isinstance(p90, (int, float)) and not resolved(*speed):
+        return f"speedup {what.removeprefix('faster ')} unresolved [{p10:.1f}-{p90:.1f}x over the rounds]"
     return f"{describe_speedup(*speed)} {what}"
 
 

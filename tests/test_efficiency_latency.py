@@ -105,7 +105,7 @@ def test_a_speedup_is_resolved_by_its_medians_interval_not_by_how_far_its_rounds
     from distillery.efficiency.spread import MAX_SPREAD, median_interval, resolved
 
     assert median_interval(range(1, 22)) == (6, 16) and median_interval(range(6)) == (0, 5)
-    assert median_interval(range(5)) is None  # too few rounds for a 95% interval: never resolved
+    assert median_interval(range(5)) is None  # too few rounds for a 95% interval: a timing takes their whole range
     assert resolved(2.0, 1.0, 2.1, 1.8, 2.2) and not resolved(2.0, 1.9, 2.1, 1.6, 2.1)
     assert resolved(2.0, 1.9, 2.1) and not resolved(2.0, 1.0, 2.1)  # an older row, without the interval: its spread
     clock = FakeClock(monkeypatch)

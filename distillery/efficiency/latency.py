@@ -77,7 +77,7 @@ class LatencyResult:
     threads: int
     samples_ms: tuple[float, ...] = ()  # time per batch of each sample, in order (the reference: several a round)
     ratios: tuple[float, ...] = ()  # the speedup in each round: the reference's samples around this model's over it
-    speedup_ci_low: float | None = None  # the 95% interval of the median speedup (None: too few rounds for one)
+    speedup_ci_low: float | None = None  # the 95% interval of the median speedup (`_speedup_fields`)
     speedup_ci_high: float | None = None
 
     @property
@@ -234,18 +234,25 @@ def measure_latency(models: Mapping[str, Any], *, batch: int = 1, seq_len: int =
     for name, ts in times.items():
         med = statistics.median(ts)
         rs = ratios[name]
-        speedup = low = high = None
-        if rs:
-            speedup, low, high = (float(np.percentile(rs, q)) for q in (50, 10, 90))
-        interval = median_interval(rs) or (None, None)
         results[name] = LatencyResult(
             name=name, batch=batch, seq_len=seq_len, reps=reps, calls=calls[name], median_ms=1000 * med,
             p10_ms=1000 * float(np.percentile(ts, 10)), p90_ms=1000 * float(np.percentile(ts, 90)),
             throughput=batch / med if med > 0 else float("inf"),
-            speedup=speedup, speedup_p10=low, speedup_p90=high, device=str(dev), threads=threads,
-            samples_ms=tuple(1000 * t for t in ts), ratios=tuple(rs), speedup_ci_low=interval[0],
-            speedup_ci_high=interval[1])
+            device=str(dev), threads=threads, samples_ms=tuple(1000 * t for t in ts), ratios=tuple(rs),
+            **_speedup_fields(rs))
     return results
+
+
+def _speedup_fields(ratios: list[float]) -> dict[str, float | None]:
+    """A LatencyResult's speedup fields from its per-round ratios: their median, 10th and 90th percentiles, and the
+    median's 95% interval (`median_interval`; with too few rounds for one, their whole range, which is then judged
+    as if it were one). All None without ratios (no reference)."""
+    if not ratios:
+        return dict.fromkeys(("speedup", "speedup_p10", "speedup_p90", "speedup_ci_low", "speedup_ci_high"))
+    speedup, p10, p90 = (float(np.percentile(ratios, q)) for q in (50, 10, 90))
+    low, high = median_interval(ratios) or (min(ratios), max(ratios))
+    return {"speedup": speedup, "speedup_p10": p10, "speedup_p90": p90, "speedup_ci_low": float(low),
+            "speedup_ci_high": float(high)}
 
 
 #: how many sessions of each ONNX Runtime model a timing draws: sessions of one file time differently (thread
@@ -298,15 +305,10 @@ def pooled(runs: list[Mapping[str, LatencyResult]]) -> dict[str, LatencyResult]:
         ts = [t for r in rows for t in r.samples_ms]
         rs = [x for r in rows for x in r.ratios]
         med = statistics.median(ts)
-        speedup = low = high = None
-        if rs:
-            speedup, low, high = (float(np.percentile(rs, q)) for q in (50, 10, 90))
-        interval = median_interval(rs) or (None, None)
         out[name] = replace(first, reps=sum(r.reps for r in rows), median_ms=med,
-                            speedup_ci_low=interval[0], speedup_ci_high=interval[1],
                             p10_ms=float(np.percentile(ts, 10)), p90_ms=float(np.percentile(ts, 90)),
                             throughput=first.batch / (med / 1000) if med > 0 else float("inf"),
-                            speedup=speedup, speedup_p10=low, speedup_p90=high, samples_ms=tuple(ts), ratios=tuple(rs))
+                            samples_ms=tuple(ts), ratios=tuple(rs), **_speedup_fields(rs))
     return out
 
 
