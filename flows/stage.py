@@ -26,7 +26,7 @@ import sys
 from tasks import env  # noqa: F401
 
 from distillery.preflight import load_params
-from distillery.errors import UserError, debug_requested, run_main
+from distillery.errors import UserError, debug_requested, report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,45 +47,45 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop with one line when another run holds the project, instead of waiting for it")
     args = parser.parse_args(argv)
 
-    def run() -> int:
+    try:  # a user error is its `error:` line(s) and exit code 2 (its traceback with --debug)
         p = load_params(args.params, inputs=True, root=env.ROOT)
         with project_lock(wait=not args.no_wait):  # one run at a time per project (tasks.lock)
-            return work(p)
+            if args.stage == "all":
+                if args.item is not None:
+                    raise UserError("all: --item names one stage's item; `all` runs every item")
+                from distillery.precision import describe
 
-    def work(p) -> int:
-        if args.stage == "all":
-            if args.item is not None:
-                raise UserError("all: --item names one stage's item; `all` runs every item")
-            from distillery.precision import describe
+                say(describe(p.precision))
+                statuses = {}
+                for name, item in nodes(p):
+                    if name == "register" and not tracking.enabled():
+                        say(f"register[{item}]: left out ({tracking.SWITCH}=off)")
+                        continue
+                    statuses[label(STAGES[name], item)] = changes.status(execute(STAGES[name], p, item))
+                ran = [(STAGES[name], item) for name, item in nodes(p)]
+                say(changes.console_line(changes.record(p, statuses, ran)))
+                from tasks.evaluate import verdict_lines
 
-            say(describe(p.precision))
-            statuses = {}
-            for name, item in nodes(p):
-                if name == "register" and not tracking.enabled():
-                    say(f"register[{item}]: left out ({tracking.SWITCH}=off)")
-                    continue
-                statuses[label(STAGES[name], item)] = changes.status(execute(STAGES[name], p, item))
-            say(changes.console_line(changes.record(p, statuses, [(STAGES[name], item) for name, item in nodes(p)])))
-            from tasks.evaluate import verdict_lines
+                for line in verdict_lines(p):
+                    say(line)
+            else:
+                valid = items(args.stage, p)
+                if args.item not in valid:
+                    raise UserError(f"{args.stage}: item {args.item!r} is not one of {valid} under {args.params}")
+                if args.stage == "register":  # refused before the stage starts: no `.started` stamp left behind
+                    tracking.require("the register stage")
+                for name, item in needed(p, (args.stage, args.item)) if args.upstream else [(args.stage, args.item)]:
+                    execute(STAGES[name], p, item)
+            if args.stage in ("all", "report") and p.teacher_finetune.stop_on_failed_gate:
+                from tasks.teacher import failed_gates
 
-            for line in verdict_lines(p):
-                say(line)
-        else:
-            valid = items(args.stage, p)
-            if args.item not in valid:
-                raise UserError(f"{args.stage}: item {args.item!r} is not one of {valid} under {args.params}")
-            if args.stage == "register":  # refused before the stage starts: no `.started` stamp left behind
-                tracking.require("the register stage")
-            for name, item in needed(p, (args.stage, args.item)) if args.upstream else [(args.stage, args.item)]:
-                execute(STAGES[name], p, item)
-        if args.stage in ("all", "report") and p.teacher_finetune.stop_on_failed_gate:
-            from tasks.teacher import failed_gates
-
-            if failed := failed_gates(p):  # the run ends as the flow's does: one `error:` line per task, exit 2
-                raise UserError("\n".join(failed))
-        return 0
-
-    return run_main(run, debug=args.debug or debug_requested([]))
+                if failed := failed_gates(p):  # the run ends as the flow's does: one `error:` line per task, exit 2
+                    raise UserError("\n".join(failed))
+            return 0
+    except UserError as exc:
+        if args.debug or debug_requested([]):
+            raise
+        return report(exc)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks import paths, tracking
-from tasks.stage import SKIPPED, STAMPS, Stage, is_fresh, precision_used, run_stage, stage_key
+from tasks.stage import SKIPPED, STAMPS, Stage, is_fresh, precision_used, stage_key, staged
 
 from distillery.config import Params
 from distillery.errors import disk_full
@@ -63,7 +63,9 @@ def execute(stage: Stage, params: Params, item: str | None = None, parent_run_id
     with tracking.run(name, params=logged, parent_run_id=parent_run_id,
                       tags={"stage": stage.name, "item": item or ""}):
         try:
-            result = run_stage(stage, params, item, key)
+            with staged(stage, params, item, key) as run:
+                run.result = run.body(run.params, item)
+            result = run.result
         except Exception as exc:
             writing = ", ".join(_rel(Path(o)) for o in stage.outs(params, item))  # PyTorch's writer names no file
             if (full := disk_full(exc, paths.ROOT, writing)) is not None:  # one line, not the writer's traceback

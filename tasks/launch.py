@@ -25,7 +25,7 @@ from distillery.errors import UserError
 
 
 def main(argv: list[str] | None = None) -> int:
-    """One rank: join the process group, seed as `tasks.stage.run_stage` does, run the body, rank 0 reports."""
+    """One rank: join the process group, seed as `tasks.stage.staged` does, run the body, rank 0 reports."""
     parser = argparse.ArgumentParser(prog="python -m tasks.launch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("target", help="MODULE:FUNCTION, a stage body (params, item) -> result")
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from distillery.training import compiled
 
     try:
-        with precision.use(p.precision), compiled.use(p.compile):  # as in tasks.stage.run_stage
+        with precision.use(p.precision), compiled.use(p.compile):  # as in tasks.stage.staged
             result = run(p, args.item)
     except SkipStage as exc:
         if is_main():

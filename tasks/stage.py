@@ -17,8 +17,9 @@ without running, each output becomes a skip record that says why (`write_skipped
 is stamped like any run, so the flow, `python -m flows.stage` and `dvc repro` (which needs every declared output)
 agree, and a re-run finds it fresh until its inputs or params change.
 
-`run_stage` gives a body the params of its item's task (`for_item`) and, for a stage declared `distributed` with
-`distributed.nproc_per_node` > 1, runs it on that many torchrun ranks (`launch`; one rank: `tasks.launch`).
+`staged` gives a body the params of its item's task (`for_item`) and, for a stage declared `distributed` with
+`distributed.nproc_per_node` > 1, the call that runs it on that many torchrun ranks (`launch`; a rank:
+`tasks.launch`).
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ import json
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Iterator, Literal
 
 from tasks.env import ROOT
 
@@ -97,7 +99,7 @@ class Stage:
         if self.device or self.distributed:  # how it computes: params of the stage (its key, dvc.yaml)
             object.__setattr__(self, "params", _with_compute(self.params, self.device != "", self.distributed))
         # a task's stages (item "<task>" or "<student>:<task>") see its `per_task` settings, in every use of the stage
-        # (the body's params are scoped by `run_stage`)
+        # (the body's params are scoped by `staged`)
         for name in ("deps", "outs", "params"):
             object.__setattr__(self, name, _for_item(getattr(self, name)))
 
@@ -251,12 +253,25 @@ def is_fresh(stage: Stage, params: Params, item: str | None, key: str | None = N
     return "missing" not in outputs.values() and recorded.get("outputs") == outputs
 
 
-def run_stage(stage: Stage, params: Params, item: str | None, key: str | None = None) -> dict[str, Any]:
-    """Run a stage body, then stamp its outputs with the key that made them and their fingerprints. A body that raises
-    SkipStage leaves skip records as its outputs and returns `{"skipped": reason}`."""
+@dataclass
+class StageRun:
+    """A stage body's run inside `staged`: the params of its item's task, the body to call with them (`launch` on N
+    ranks, or the stage's own), and the result it returned (`{"skipped": reason}` once it skipped)."""
+
+    params: Params
+    body: Callable[[Params, str | None], dict[str, Any]]
+    result: dict[str, Any] | None = None
+
+
+@contextmanager
+def staged(stage: Stage, params: Params, item: str | None, key: str | None = None) -> Iterator[StageRun]:
+    """Around a stage body's call (``run.result = run.body(run.params, item)``): the seed, precision and compile of
+    the run, the item's task's params; a body that raises SkipStage leaves skip records as its outputs and the result
+    `{"skipped": reason}`; then the stamp, the outputs with the key that made them and their fingerprints."""
     key = key or stage_key(stage, params, item)
-    # an earlier run's stamp stays until this run stamps: it is valid only for its key and while every output is as it
-    # recorded, so a failed or killed run (atomic outputs) leaves the earlier good run fresh, and never looks fresh itself
+    # an earlier run's stamp stays until this run stamps: it is valid only for its key and while every output is as
+    # it recorded, so a failed or killed run (atomic outputs) leaves the earlier good run fresh, and never looks
+    # fresh itself
     if stage.device:
         from transformers import set_seed
 
@@ -268,15 +283,22 @@ def run_stage(stage: Stage, params: Params, item: str | None, key: str | None = 
     from distillery.training import compiled
 
     p = for_item(params, item)
+    run = StageRun(p, functools.partial(launch, stage.run) if _on_ranks(stage, p) else stage.run)
     try:
         with precision.use(params.precision), compiled.use(params.compile):
-            result = launch(stage.run, p, item) if _on_ranks(stage, p) else stage.run(p, item)
+            yield run
     except SkipStage as exc:
         write_skipped(stage.outs(params, item), exc.reason)
-        result = {"skipped": exc.reason}
+        run.result = {"skipped": exc.reason}
     write_text(_stamp_path(stage, item), json.dumps({"key": key, "outputs": _outputs(stage, params, item)},
                                                     indent=1, sort_keys=True) + "\n")
-    return result
+
+
+def run_stage(stage: Stage, params: Params, item: str | None, key: str | None = None) -> dict[str, Any]:
+    """Run a stage body `staged`, as `tasks.execute.execute` does, without its MLflow run and console lines."""
+    with staged(stage, params, item, key) as run:
+        run.result = run.body(run.params, item)
+    return run.result
 
 
 def split_item(item: str) -> tuple[str, str]:

@@ -338,7 +338,7 @@ def test_the_extra_step_is_kept_only_when_it_is_not_worse_on_dev(monkeypatch, tm
     no longer replaces the fine-tuned student. `augmented`: the same step on the augmented set (the task stage then
     depends on it), the fine-tuning grid on the gold set."""
     from distillery.recipes import task_plan
-    from distillery.training import plan as plan_module
+    from distillery.training import grid as grid_module, plan as plan_module
     from distillery.training.grid import GridResult
 
     def result(folder, main):
@@ -347,12 +347,14 @@ def test_the_extra_step_is_kept_only_when_it_is_not_worse_on_dev(monkeypatch, tm
 
     started = []
 
-    def grid(step, task, sections, start, out, shared_logits):
+    def grid(step, start, loss, out, shared_logits):
         if step.name == "grid-distill":
             started.append((start(), step.augmented))
         return result(step.name, distilled if step.name == "grid-distill" else tuned)
 
-    monkeypatch.setattr(plan_module, "_grid", grid)
+    # a grid step's inputs are the step itself here, which the grid below reads
+    monkeypatch.setattr(plan_module, "_grid", lambda step, task, sections, out, shared_logits: (step, out, shared_logits))
+    monkeypatch.setattr(grid_module, "prediction_grid", grid)
     student = {**demo()["students"]["distilbert-demo"], "task_distillation": mode}
     p = parse_params({**demo(), "students": {"d": student}})
     recipe = p.students["d"]
@@ -500,7 +502,7 @@ def test_a_tinybert_cut_goes_through_step_2_again(monkeypatch, tmp_path):
 
     from distillery import pruning
     from distillery.recipes import task_plan
-    from distillery.training import plan as plan_module
+    from distillery.training import grid as grid_module, plan as plan_module
     from distillery.training.grid import GridResult
 
     def result(out):
@@ -514,12 +516,14 @@ def test_a_tinybert_cut_goes_through_step_2_again(monkeypatch, tmp_path):
         steps.append(("step 1", start(), step.augmented))
         return out / "model"
 
-    def step2(step, task, sections, start, out, shared_logits):
+    def step2(step, start, loss, out, shared_logits):
         steps.append(("step 2", start(), step.augmented, out / step.name, out / shared_logits))
         return result(out / step.name)
 
     monkeypatch.setattr(plan_module, "_one_run", step1)
-    monkeypatch.setattr(plan_module, "_grid", step2)
+    # a grid step's inputs are the step itself here, which step 2 below reads
+    monkeypatch.setattr(plan_module, "_grid", lambda step, task, sections, out, shared_logits: (step, out, shared_logits))
+    monkeypatch.setattr(grid_module, "prediction_grid", step2)
     monkeypatch.setattr(pruning, "sample_batches", lambda data, tokenizer, samples: None)
     monkeypatch.setattr(pruning, "measure_importance", lambda model, batches, layers: None)
     monkeypatch.setattr(pruning, "prune_teacher", lambda model, layers, **shape: ("cut", model, shape["hidden"]))

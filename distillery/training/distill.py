@@ -47,7 +47,7 @@ from distillery.training.args import collator_for, training_arguments
 from distillery.training.compiled import compile_step
 from distillery.training.distill_state import load_projection_into, save_projection
 from distillery.training.saving import checkpoint_dir
-from distillery.training.spec import DistillSpec, TrainRun
+from distillery.training.spec import DistillSpec, TrainRun, built
 from distillery.training.trainer import train_and_export
 
 TEACHER_LOGITS = "teacher_logits"
@@ -321,6 +321,12 @@ def check_spec(teacher: PreTrainedModel | None, student: PreTrainedModel, spec: 
                            head_wise=any(t.head_wise for t in terms))
 
 
+#: The loop's own TrainingArguments options, under the run's: evaluation labels are `labels` only
+#: (`next_sentence_label` is an input of eq. 4, and the Trainer would otherwise take every forward argument named
+#: *label* for one, and skip metrics for batches without it).
+OPTIONS: dict[str, Any] = {"label_names": ["labels"]}
+
+
 def distill(teacher: PreTrainedModel | None, student: PreTrainedModel, spec: DistillSpec, run: TrainRun) -> Path:
     """Distil `teacher` into `student` with the loss of `spec`; return `run.output_dir/model` (student + tokenizer +
     distill_state + log).
@@ -338,9 +344,8 @@ def distill(teacher: PreTrainedModel | None, student: PreTrainedModel, spec: Dis
                                init_from=spec.projection)
     model = Distiller(student, teacher, spec, proj)
     has_eval = run.eval_dataset is not None and run.compute_metrics is not None
-    # Evaluation labels are `labels` only: `next_sentence_label` is an input of eq. 4, and the Trainer would otherwise
-    # take every forward argument named *label* for one (and skip metrics for batches without it).
-    targs = training_arguments(checkpoint_dir(run.output_dir), {"label_names": ["labels"], **run.args}, select=has_eval)
+    targs = run.args if built(run.args) else training_arguments(checkpoint_dir(run.output_dir),
+                                                                {**OPTIONS, **run.args}, select=has_eval)
     if teacher is not None:
         teacher.to(targs.device)
     compile_step(model, device=targs.device, evaluates=has_eval)

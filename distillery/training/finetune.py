@@ -8,13 +8,20 @@ default) and exported to `output_dir/model`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from transformers import PreTrainedModel, Trainer
 
 from distillery.training.args import collator_for, training_arguments
 from distillery.training.saving import checkpoint_dir
-from distillery.training.spec import TrainRun
+from distillery.training.spec import TrainRun, built
 from distillery.training.trainer import train_and_export
+
+#: The loop's own TrainingArguments options, under the run's. A sequence classifier's loss is its batch mean, which
+#: ignores the Trainer's token count; with `average_tokens_across_devices` the Trainer would still multiply it by the
+#: number of processes, so under DDP every gradient would be N times one process's (measured: clipping then trains a
+#: different model).
+OPTIONS: dict[str, Any] = {"average_tokens_across_devices": False}
 
 
 def finetune(model: PreTrainedModel, run: TrainRun) -> Path:
@@ -28,9 +35,6 @@ def finetune(model: PreTrainedModel, run: TrainRun) -> Path:
     has_eval = run.eval_dataset is not None
     if has_eval and run.compute_metrics is None:
         raise ValueError("an eval_dataset needs compute_metrics(predictions, labels) to select the best model")
-    # A sequence classifier's loss is its batch mean, which ignores the Trainer's token count; with
-    # `average_tokens_across_devices` the Trainer would still multiply it by the number of processes, so under DDP
-    # every gradient would be N times one process's (measured: clipping then trains a different model).
-    targs = training_arguments(checkpoint_dir(run.output_dir), {"average_tokens_across_devices": False, **run.args},
-                               select=has_eval)
+    targs = run.args if built(run.args) else training_arguments(checkpoint_dir(run.output_dir),
+                                                                {**OPTIONS, **run.args}, select=has_eval)
     return train_and_export(Trainer, model, run, targs, data_collator=collator_for(run.tokenizer), evaluate=has_eval)

@@ -18,10 +18,12 @@ from transformers import PreTrainedModel
 
 from distillery.io import write_json
 from distillery.objectives.registry import TERMS
-from distillery.training.distill import distill
+from distillery.training.args import training_arguments
+from distillery.training.distill import OPTIONS as DISTILL_OPTIONS, distill
 from distillery.training.distributed import is_main, main_process_first, per_device_batch
-from distillery.training.finetune import finetune
+from distillery.training.finetune import OPTIONS as FINETUNE_OPTIONS, finetune
 from distillery.training.logits_cache import cache_teacher_logits
+from distillery.training.saving import checkpoint_dir
 from distillery.training.spec import DistillSpec, Grid, TrainRun
 
 
@@ -47,7 +49,8 @@ def prediction_grid(
     directory alone does not say which head); every run starts from it. `run` needs `eval_dataset` and
     `compute_metrics`; each run writes `run.output_dir/lr<lr>-bs<bs>/model`, and `run.output_dir/grid.json` lists
     all results. A batch size is the global batch: under a launcher each of N processes trains on batch / N
-    examples per step. `run.args` are every run's TrainingArguments (warm-up 0.1 of the steps unless they say).
+    examples per step. `run.args` are every run's TrainingArguments options (warm-up 0.1 of the steps unless they
+    say); each run's `TrainingArguments` are built here, with its learning rate, batch size and epochs.
     """
     if run.eval_dataset is None or run.compute_metrics is None:
         raise ValueError("prediction_grid selects on dev: the run needs eval_dataset and compute_metrics")
@@ -63,13 +66,15 @@ def prediction_grid(
                 tokenizer=run.tokenizer, progress=not run.args.get("disable_tqdm", False),
             )
         run_teacher = None  # every run reads the cached column
-    base = run.with_(train_dataset=train, args={"warmup_steps": 0.1, **run.args})
+    shared = {**(FINETUNE_OPTIONS if spec is None else DISTILL_OPTIONS), "warmup_steps": 0.1, **run.args}
     results = []
     for lr in grid.learning_rates:
         for bs in grid.batch_sizes:
             name = f"lr{lr:g}-bs{bs}"
-            one = base.with_(output_dir=output_dir / name, args={
-                "learning_rate": lr, "per_device_train_batch_size": per_device_batch(bs), "num_train_epochs": grid.epochs})
+            args = training_arguments(checkpoint_dir(output_dir / name), {
+                **shared, "learning_rate": lr, "per_device_train_batch_size": per_device_batch(bs),
+                "num_train_epochs": grid.epochs}, select=True)
+            one = run.with_(output_dir=output_dir / name, train_dataset=train, args=args)
             if spec is None:
                 model_dir = finetune(student(), one)
             else:

@@ -177,12 +177,15 @@ class PlanResult:
 def run_plan(plan: Plan, task: Task, sections: Any, out: Path) -> PlanResult:
     """Run ``plan``'s steps in order on ``task`` under ``out/<step>``, each by its ``task_distillation`` section of
     ``sections``; the student is the best candidate grid's best run on dev (a tie keeps the later step)."""
+    from distillery.training.grid import prediction_grid
+
     done: dict[str, Any] = {}  # step -> its GridResult, or its model directory (one run)
     best: GridResult | None = None
     for step in plan.steps:
         start = start_factory(step.start, task, done, sections)
         if step.grid:
-            done[step.name] = result = _grid(step, task, sections, start, out, plan.shared_logits)
+            teacher, run, grid = _grid(step, task, sections, out, plan.shared_logits)
+            done[step.name] = result = prediction_grid(teacher, start, step.loss, run, grid)
             if step.candidate and (best is None or result.best["main"] >= best.best["main"]):
                 best = result
         else:
@@ -273,8 +276,9 @@ def kept_channel_projection(student, teacher, spec: DistillSpec):
     return HiddenProjection.selecting(channels, hidden_size(teacher), n_states, shared=not spec.per_layer_projection)
 
 
-def _grid(step: Step, task: Task, sections: Any, start, out: Path, shared_logits: str | None) -> GridResult:
-    from distillery.training.grid import prediction_grid
+def _grid(step: Step, task: Task, sections: Any, out: Path, shared_logits: str | None):
+    """What `prediction_grid` takes for a grid ``step``: the teacher (None when it fine-tunes), the run (the task's data
+    and metrics, its section's TrainingArguments options) and the grid of its section."""
     from distillery.training.spec import TrainRun
 
     section = getattr(sections, step.schedule)
@@ -289,5 +293,4 @@ def _grid(step: Step, task: Task, sections: Any, start, out: Path, shared_logits
     compute, main = task.metrics
     run = TrainRun(out / step.name, train, dev, tokenizer=task.tokenizer, compute_metrics=compute, main_score=main,
                    args=section.run_args(task.seed, **task.train_args))
-    teacher = task.teacher if step.loss is not None else None
-    return prediction_grid(teacher, start, step.loss, run, grid)
+    return (task.teacher if step.loss is not None else None), run, grid

@@ -69,11 +69,20 @@ class DistillSpec:
         return replace(self, **changes)
 
 
+def built(args: Any) -> bool:
+    """Whether a run's ``args`` are its `TrainingArguments` already (not options a loop builds them from)."""
+    from transformers import TrainingArguments
+
+    return isinstance(args, TrainingArguments)
+
+
 @dataclass(frozen=True)
 class TrainRun:
     """Data, output and Trainer settings of one training run.
 
-    ``args``: TrainingArguments fields (a mapping, merged over the loop's defaults).
+    ``args``: TrainingArguments fields (a mapping, merged over the loop's defaults), or the run's `TrainingArguments`
+    built already by `distillery.training.args.training_arguments` with the loop's `OPTIONS` and its output in
+    ``checkpoint_dir(output_dir)`` (a grid's runs), which the loop trains by as they are.
     With ``eval_dataset`` and ``compute_metrics`` the best checkpoint on ``main_score`` is exported.
     ``param_groups``: ``[{"params": [...], "lr_scale": s}, ...]``, the only parameters trained (MobileBERT's
     progressive transfer). ``resume``: continue from the newest complete checkpoint under ``output_dir``."""
@@ -92,9 +101,11 @@ class TrainRun:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output_dir", Path(os.fspath(self.output_dir)))
-        if not isinstance(self.args, Mapping):
-            raise TypeError(f"TrainRun.args: a mapping of TrainingArguments fields, got {type(self.args).__name__}")
-        object.__setattr__(self, "args", dict(self.args))
+        if isinstance(self.args, Mapping):
+            object.__setattr__(self, "args", dict(self.args))
+        elif not built(self.args):
+            raise TypeError("TrainRun.args: a mapping of TrainingArguments fields, or TrainingArguments, got "
+                            f"{type(self.args).__name__}")
 
     def with_(self, **changes: Any) -> "TrainRun":
         """A copy with fields replaced; ``args=`` is merged over the current args (a grid run's lr and batch)."""
