@@ -105,7 +105,9 @@ def test_a_model_trains_with_it_on_a_cpu_and_is_put_back_after():
         assert torch.allclose(model(**padded).logits, reference, atol=1e-5)  # the padding mask reaches the attention
         model.train()
         assert model.config._attn_implementation == cpu_kernels.ATTENTION
-        assert all(type(m) is not nn.Dropout and type(m) is not nn.Linear for m in model.modules())
+        linear = cpu_kernels.Linear if cpu_kernels.bias_after_matmul() else nn.Linear  # without AMX: `Linear`
+        assert all(type(m) is not nn.Dropout for m in model.modules())
+        assert {type(m) for m in model.modules() if isinstance(m, nn.Linear)} == {linear}
         assert sum(type(m) is cpu_kernels.Dropout for m in model.modules()) == 2 * 3 + 2  # embeddings, classifier, layers
         torch.manual_seed(3)
         first = model(input_ids=ids).logits
@@ -120,3 +122,19 @@ def test_a_model_trains_with_it_on_a_cpu_and_is_put_back_after():
     gpu = _bert()
     with cpu_kernels.used(gpu, "cuda"):  # on a GPU, PyTorch's fused dropout: nothing changes
         assert gpu.config._attn_implementation == "sdpa" and any(type(m) is nn.Dropout for m in gpu.modules())
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_the_bias_goes_after_the_matmul_only_on_a_cpu_without_amx(monkeypatch, amx):
+    from distillery import precision
+
+    cpu_kernels.bias_after_matmul.cache_clear()
+    monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: ("avx512_bf16", "amx_bf16") if amx else ("avx512_bf16",))
+    model = _bert()
+    try:
+        with cpu_kernels.used(model, "cpu"):
+            kinds = {type(m) for m in model.modules() if isinstance(m, nn.Linear)}
+    finally:
+        cpu_kernels.bias_after_matmul.cache_clear()
+    assert kinds == ({nn.Linear} if amx else {cpu_kernels.Linear})
+    assert {type(m) for m in model.modules() if isinstance(m, nn.Linear)} == {nn.Linear}

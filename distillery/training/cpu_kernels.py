@@ -13,12 +13,13 @@ its runs are rows of the results log, docs/results.md):
   the dtype of the matmul that gives them: under bf16 autocast no float32 copy of each (B, H, T, T) tensor is made
   and cast back (the probabilities' matmul with the values casts them to bf16 anyway; softmax accumulates in
   float32 inside its kernel).
-* **Bias.** PyTorch's CPU bf16 matmul with a bias (``addmm``) is slower than the same matmul without one followed by
-  the bias added to its output: `Linear` does the latter under bf16 autocast (the bias in bf16, as autocast's own
-  ``linear`` casts it), and is ``nn.Linear`` otherwise.
+* **Bias.** On a CPU without AMX (AVX512-BF16 alone), PyTorch's bf16 matmul with a bias (``addmm``) is slower than
+  the same matmul without one followed by the bias added to its output: `Linear` does the latter under bf16 autocast
+  (the bias in bf16, as autocast's own ``linear`` casts it), and is ``nn.Linear`` otherwise. With AMX, oneDNN adds the
+  bias inside the matmul and is the faster: there `used` leaves ``nn.Linear`` as it is (`bias_after_matmul`).
 
 `used` puts them in a model for its training on a CPU: every ``nn.Dropout`` becomes `Dropout`, every ``nn.Linear`` a
-`Linear` (same parameters), and the attention of the BERT-layout encoders runs `attention`, registered with
+`Linear` (same parameters; on a CPU without AMX), and the attention of the BERT-layout encoders runs `attention`, registered with
 transformers' `AttentionInterface` as ``ATTENTION``; all is put back after the training, and nothing is saved with
 the model. On a GPU, PyTorch's fused kernels are already cheap and models are left as they are.
 """
@@ -26,6 +27,7 @@ the model. On a GPU, PyTorch's fused kernels are already cheap and models are le
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import lru_cache
 from typing import Any, Iterator
 
 import torch
@@ -88,6 +90,14 @@ class Linear(nn.Linear):
         return out.add_(self.bias.to(out.dtype))
 
 
+@lru_cache(maxsize=1)
+def bias_after_matmul() -> bool:
+    """Whether `used` makes ``nn.Linear`` a `Linear` on this CPU: where it has no AMX (see the module's docstring)."""
+    from distillery.precision import cpu_bf16_flags
+
+    return "amx_bf16" not in cpu_bf16_flags()
+
+
 def attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
               scaling: float | None = None, dropout: float = 0.0, **_: Any) -> tuple[Tensor, Tensor]:
     """BERT's eager attention (transformers' ``eager_attention_forward``) with `dropout`'s mask on the probabilities:
@@ -124,7 +134,7 @@ def _register() -> None:
 @contextmanager
 def used(model: nn.Module | None, device: torch.device | str) -> Iterator[None]:
     """Within the block, `model` trains with these kernels on a CPU (`device`): its ``nn.Dropout`` modules swapped for
-    `Dropout`, its ``nn.Linear`` modules made `Linear`, a BERT-layout encoder's attention set to `ATTENTION`; all put
+    `Dropout`, its ``nn.Linear`` modules made `Linear` (without AMX: `bias_after_matmul`), a BERT-layout encoder's attention set to `ATTENTION`; all put
     back on exit. Elsewhere, or for None, nothing changes."""
     if model is None or torch.device(device).type != "cpu":
         yield
@@ -134,7 +144,7 @@ def used(model: nn.Module | None, device: torch.device | str) -> Iterator[None]:
     switched: list[tuple[nn.Module, str]] = []
     try:
         for module in list(model.modules()):
-            if type(module) is nn.Linear:
+            if type(module) is nn.Linear and bias_after_matmul():
                 module.__class__ = Linear  # the same module and parameters, `Linear`'s forward
                 linears.append(module)
             for name, child in list(module.named_children()):
@@ -165,5 +175,5 @@ def used(model: nn.Module | None, device: torch.device | str) -> Iterator[None]:
             module.__class__ = nn.Linear
 
 
-__all__ = ["ATTENTION", "BERT_ATTENTION", "Dropout", "LEVELS", "Linear", "attention", "drop_levels", "dropout", "keep_mask",
-           "used"]
+__all__ = ["ATTENTION", "BERT_ATTENTION", "Dropout", "LEVELS", "Linear", "attention", "bias_after_matmul", "drop_levels",
+           "dropout", "keep_mask", "used"]
