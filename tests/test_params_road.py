@@ -62,7 +62,9 @@ def test_a_params_value_reaches_its_use_in_at_most_six_frames(one_student_projec
     project = tmp_path / "project"
     shutil.copytree(one_student_project.project, project, symlinks=True)
     params = yaml.safe_load((project / "params.yaml").read_text(encoding="utf-8"))
-    params["task_distillation"]["prediction"]["learning_rates"] = [LEARNING_RATE]
+    one_run = {"batch_sizes": [32], "epochs": 1}  # a grid of one short run each: only the road is looked at
+    params["task_distillation"]["prediction"] = {**one_run, "learning_rates": [LEARNING_RATE]}
+    params["task_distillation"]["finetune"] = {**one_run, "learning_rates": [1e-3]}
     params["students"]["patient"] = {**MICRO["students"]["micro-pkd"], "beta": BETA}
     (project / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
     (project / "probe.py").write_text(PROBE, encoding="utf-8")
