@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
                         say(f"register[{item}]: left out ({tracking.SWITCH}=off)")
                         continue
                     statuses[label(STAGES[name], item)] = changes.status(execute(STAGES[name], p, item))
-                ran = [(STAGES[name], item) for name, item in nodes(p)]
-                say(changes.console_line(changes.record(p, statuses, ran)))
+                order = [(STAGES[name], item) for name, item in nodes(p)]
+                say(changes.console_line(changes.record(p, statuses, order)))
                 from tasks.evaluate import verdict_lines
 
                 for line in verdict_lines(p):

@@ -353,7 +353,7 @@ def test_the_extra_step_is_kept_only_when_it_is_not_worse_on_dev(monkeypatch, tm
         return result(step.name, distilled if step.name == "grid-distill" else tuned)
 
     # a grid step's inputs are the step itself here, which the grid below reads
-    monkeypatch.setattr(plan_module, "_grid", lambda step, task, sections, out, shared_logits: (step, out, shared_logits))
+    monkeypatch.setattr(plan_module, "_grid", lambda step, task, sections, out, shared: (step, out, shared))
     monkeypatch.setattr(grid_module, "prediction_grid", grid)
     student = {**demo()["students"]["distilbert-demo"], "task_distillation": mode}
     p = parse_params({**demo(), "students": {"d": student}})
@@ -522,7 +522,7 @@ def test_a_tinybert_cut_goes_through_step_2_again(monkeypatch, tmp_path):
 
     monkeypatch.setattr(plan_module, "_one_run", step1)
     # a grid step's inputs are the step itself here, which step 2 below reads
-    monkeypatch.setattr(plan_module, "_grid", lambda step, task, sections, out, shared_logits: (step, out, shared_logits))
+    monkeypatch.setattr(plan_module, "_grid", lambda step, task, sections, out, shared: (step, out, shared))
     monkeypatch.setattr(grid_module, "prediction_grid", step2)
     monkeypatch.setattr(pruning, "sample_batches", lambda data, tokenizer, samples: None)
     monkeypatch.setattr(pruning, "measure_importance", lambda model, batches, layers: None)

@@ -19,9 +19,9 @@ its runs are rows of the results log, docs/results.md):
   bias inside the matmul and is the faster: there `used` leaves ``nn.Linear`` as it is (`bias_after_matmul`).
 
 `used` puts them in a model for its training on a CPU: every ``nn.Dropout`` becomes `Dropout`, every ``nn.Linear`` a
-`Linear` (same parameters; on a CPU without AMX), and the attention of the BERT-layout encoders runs `attention`, registered with
-transformers' `AttentionInterface` as ``ATTENTION``; all is put back after the training, and nothing is saved with
-the model. On a GPU, PyTorch's fused kernels are already cheap and models are left as they are.
+`Linear` (same parameters; on a CPU without AMX), and the attention of the BERT-layout encoders runs `attention`,
+registered with transformers' `AttentionInterface` as ``ATTENTION``; all is put back after the training, and nothing
+is saved with the model. On a GPU, PyTorch's fused kernels are already cheap and models are left as they are.
 """
 
 from __future__ import annotations
@@ -134,8 +134,8 @@ def _register() -> None:
 @contextmanager
 def used(model: nn.Module | None, device: torch.device | str) -> Iterator[None]:
     """Within the block, `model` trains with these kernels on a CPU (`device`): its ``nn.Dropout`` modules swapped for
-    `Dropout`, its ``nn.Linear`` modules made `Linear` (without AMX: `bias_after_matmul`), a BERT-layout encoder's attention set to `ATTENTION`; all put
-    back on exit. Elsewhere, or for None, nothing changes."""
+    `Dropout`, its ``nn.Linear`` modules made `Linear` (without AMX: `bias_after_matmul`), a BERT-layout encoder's
+    attention set to `ATTENTION`; all put back on exit. Elsewhere, or for None, nothing changes."""
     if model is None or torch.device(device).type != "cpu":
         yield
         return
@@ -175,5 +175,5 @@ def used(model: nn.Module | None, device: torch.device | str) -> Iterator[None]:
             module.__class__ = nn.Linear
 
 
-__all__ = ["ATTENTION", "BERT_ATTENTION", "Dropout", "LEVELS", "Linear", "attention", "bias_after_matmul", "drop_levels",
-           "dropout", "keep_mask", "used"]
+__all__ = ["ATTENTION", "BERT_ATTENTION", "Dropout", "LEVELS", "Linear", "attention", "bias_after_matmul",
+           "drop_levels", "dropout", "keep_mask", "used"]
