@@ -43,11 +43,10 @@ from distillery.layer_map import LayerMap, validate_layer_map
 from distillery.models import hidden_size, num_heads, num_layers
 from distillery.objectives import HiddenProjection
 from distillery.objectives.registry import TERMS, Batch, capture_specs
-from distillery.training.args import collator_for, training_arguments
+from distillery.training.args import collator_for
 from distillery.training.compiled import compile_step
 from distillery.training.distill_state import load_projection_into, save_projection
-from distillery.training.saving import checkpoint_dir
-from distillery.training.spec import DistillSpec, TrainRun, built
+from distillery.training.spec import DistillSpec, TrainRun
 from distillery.training.trainer import train_and_export
 
 TEACHER_LOGITS = "teacher_logits"
@@ -344,8 +343,7 @@ def distill(teacher: PreTrainedModel | None, student: PreTrainedModel, spec: Dis
                                init_from=spec.projection)
     model = Distiller(student, teacher, spec, proj)
     has_eval = run.eval_dataset is not None and run.compute_metrics is not None
-    targs = run.args if built(run.args) else training_arguments(checkpoint_dir(run.output_dir),
-                                                                {**OPTIONS, **run.args}, select=has_eval)
+    targs = run.training_arguments(OPTIONS, select=has_eval)
     if teacher is not None:
         teacher.to(targs.device)
     compile_step(model, device=targs.device, evaluates=has_eval)

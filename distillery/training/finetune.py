@@ -12,9 +12,8 @@ from typing import Any
 
 from transformers import PreTrainedModel, Trainer
 
-from distillery.training.args import collator_for, training_arguments
-from distillery.training.saving import checkpoint_dir
-from distillery.training.spec import TrainRun, built
+from distillery.training.args import collator_for
+from distillery.training.spec import TrainRun
 from distillery.training.trainer import train_and_export
 
 #: The loop's own TrainingArguments options, under the run's. A sequence classifier's loss is its batch mean, which
@@ -35,6 +34,5 @@ def finetune(model: PreTrainedModel, run: TrainRun) -> Path:
     has_eval = run.eval_dataset is not None
     if has_eval and run.compute_metrics is None:
         raise ValueError("an eval_dataset needs compute_metrics(predictions, labels) to select the best model")
-    targs = run.args if built(run.args) else training_arguments(checkpoint_dir(run.output_dir),
-                                                                {**OPTIONS, **run.args}, select=has_eval)
+    targs = run.training_arguments(OPTIONS, select=has_eval)
     return train_and_export(Trainer, model, run, targs, data_collator=collator_for(run.tokenizer), evaluate=has_eval)

@@ -107,6 +107,17 @@ class TrainRun:
             raise TypeError("TrainRun.args: a mapping of TrainingArguments fields, or TrainingArguments, got "
                             f"{type(self.args).__name__}")
 
+    def training_arguments(self, options: Mapping[str, Any], select: bool):
+        """The run's `TrainingArguments`: ``args`` when built already, else built from them over the loop's own
+        ``options`` (`distillery.training.args.training_arguments`, ``select``: best-model selection on dev), in
+        ``checkpoint_dir(output_dir)``."""
+        if built(self.args):
+            return self.args
+        from distillery.training.args import training_arguments
+        from distillery.training.saving import checkpoint_dir
+
+        return training_arguments(checkpoint_dir(self.output_dir), {**options, **self.args}, select=select)
+
     def with_(self, **changes: Any) -> "TrainRun":
         """A copy with fields replaced; ``args=`` is merged over the current args (a grid run's lr and batch)."""
         if "args" in changes and isinstance(changes["args"], Mapping):
