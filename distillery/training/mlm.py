@@ -14,8 +14,6 @@ from typing import Iterable, Sequence
 import datasets
 from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling, PreTrainedModel, Trainer
 
-from distillery.training.args import training_arguments
-from distillery.training.saving import checkpoint_dir
 from distillery.training.spec import TrainRun
 from distillery.training.trainer import train_and_export
 
@@ -89,7 +87,7 @@ def train_mlm(
     train_ds = tokenize_texts(run.train_dataset, tokenizer, max_length, pack=pack)
     eval_ds = tokenize_texts(run.eval_dataset, tokenizer, max_length, pack=pack) if run.eval_dataset is not None else None
     run = run.with_(train_dataset=train_ds, eval_dataset=eval_ds)
-    targs = training_arguments(checkpoint_dir(run.output_dir), run.args)
+    targs = run.training_arguments({}, select=False)  # no loop options of its own; the final model, not a best one
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=mlm_probability, seed=targs.seed)
     return train_and_export(Trainer, model, run, targs, data_collator=collator, evaluate=eval_ds is not None)
 
