@@ -23,6 +23,7 @@ from distillery.recipes import (
     TinyBertRecipe,
     official_teacher_layers,
 )
+from distillery.recipes.mobilebert import MobileBertRecipe
 from distillery.recipes.pkd import PKDRecipe
 from distillery.training.distill import distill
 from distillery.training.spec import TrainRun
@@ -365,6 +366,36 @@ def test_the_extra_step_is_kept_only_when_it_is_not_worse_on_dev(monkeypatch, tm
     done = plan_module.run_plan(plan, task, p.task_distillation, tmp_path)
     assert started == [(tmp_path / "grid" / "model", mode == "augmented")]  # from the best fine-tuned run
     assert done.grid.best_dir == tmp_path / kept / "model" and done.curve == done.grid.best_dir / "train_log.csv"
+
+
+def test_mobilebert_intermediate_step_transfers_feature_maps_and_attention_on_the_task(tok, tmp_path):
+    """`intermediate_step: true` for MobileBERT (a CPU-budget option; the paper fine-tunes only): eqs. 2-3 from the
+    fine-tuned teacher on the task's training set, then fine-tuning from that model; refused where the student's layers
+    do not match the teacher's, and by a recipe without a layer-wise task step (DistilBERT)."""
+    from distillery.recipes import RecipeError, task_plan
+    from distillery.training.plan import run_plan
+
+    teacher, train, dev = finetuned_teacher(tok, tmp_path / "teacher")
+    dims = Dims.of_config(teacher.config)
+    shape = {"preset": "mobilebert-tiny-no-opt", "layers": 2, "hidden": dims.hidden, "heads": dims.heads,
+             "intermediate": 32, "intra": 16, "embedding": dims.hidden}
+    recipe = MobileBertRecipe(shape=shape, general_distillation=False, intermediate_step=True)
+    sections = task_sections()
+    plan = task_plan(recipe, dims, sections)
+    assert [s.name for s in plan.steps] == ["intermediate", "grid"]
+    assert set(plan.steps[0].loss.objectives.active()) == {"feature_map_loss", "attention_transfer_loss"}
+    task = task_of(teacher, tok, train, dev, train_args={**FAST, "logging_steps": 2})
+    done = run_plan(plan, task, sections, tmp_path / "student")
+    rows = [r for r in read_log(done.curve) if r.get("loss")]
+    assert {"train_feature_map_loss", "train_attention_transfer_loss"} <= set(rows[0])
+    assert float(rows[-1]["loss"]) < float(rows[0]["loss"]), rows
+    wide = {**shape, "layers": dims.layers, "hidden": 2 * dims.hidden, "embedding": 2 * dims.hidden}
+    wide = MobileBertRecipe(shape=wide, general_distillation=True, intermediate_step=True)
+    with pytest.raises(RecipeError, match="intermediate_step"):
+        wide.check(dims, "students.mb")
+    with pytest.raises(RecipeError, match="intermediate_step"):
+        DistilBertRecipe(shape={"layers": 2, "hidden": dims.hidden, "heads": dims.heads, "intermediate": 64},
+                         intermediate_step=True).check(dims, "students.db")
 
 
 def test_an_augmented_extra_step_makes_the_task_stage_read_the_augmented_set():

@@ -75,6 +75,10 @@ class Recipe(Section):
     #: task stage); ``augmented``: that step on TinyBERT's augmented set when `augment.enabled` (a CPU-budget option of
     #: this project, no paper's); TinyBERT refuses it (its step 2 is that step)
     task_distillation: bool | Literal["augmented"] = False
+    #: before fine-tuning, the recipe's own layer-wise objectives from the fine-tuned teacher on the task's training
+    #: set (``task_distillation.intermediate``), as TinyBERT's task step 1 does with its losses: a CPU-budget option
+    #: of the recipes that distil task-agnostically (MiniLM, MobileBERT: ``TASK_LAYER_WISE``); TinyBERT's is on
+    intermediate_step: bool = False
     #: where a student initialised from teacher layers (or pruned) that runs no general stage copies them from:
     #: ``pretrained`` (the MLM teacher's, a fresh head: where DistilBERT's and BERT-PKD's papers start) or
     #: ``finetuned`` (the task's fine-tuned teacher's, its classifier too); None: the recipe's
@@ -87,6 +91,8 @@ class Recipe(Section):
     LEVEL: ClassVar[str] = "intermediate"
     #: Whether the student may be deeper than the teacher (MobileBERT: it takes its IB teacher's depth).
     ANY_DEPTH: ClassVar[bool] = False
+    #: Whether ``intermediate_step`` applies: the recipe's layer-wise objectives can read the fine-tuned teacher.
+    TASK_LAYER_WISE: ClassVar[bool] = False
     #: Whether a randomly initialised student may skip general distillation (its task stage distils layer-wise or
     #: from the teacher's hidden states).
     TASK_DISTILLS: ClassVar[bool] = False
@@ -252,12 +258,15 @@ class Recipe(Section):
 
     def plan(self, teacher: Dims, sections: Any):
         """What the student goes through on a task (``sections``: the ``task_distillation`` params): fine-tuning over
-        the grid on the gold labels (MiniLM, DistilBERT, MobileBERT), then, with ``task_distillation``, the extra
-        step."""
-        from distillery.recipes.steps import extra, finetune, student_start
+        the grid on the gold labels (MiniLM, DistilBERT, MobileBERT), after step 1 (the recipe's layer-wise objectives
+        on the task) when ``intermediate_step``, then, with ``task_distillation``, the extra step."""
+        from distillery.recipes.steps import after, extra, finetune, intermediate, student_start
         from distillery.training.plan import Plan
 
-        return Plan((finetune(student_start(self)), *extra(self, sections)))
+        if not self.intermediate_step:
+            return Plan((finetune(student_start(self)), *extra(self, sections)))
+        return Plan((intermediate(self, student_start(self), teacher), finetune(after("intermediate")),
+                     *extra(self, sections)), curve="intermediate")
 
 
 def recipe_options(recipe: Recipe) -> dict[str, Any]:

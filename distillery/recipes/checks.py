@@ -67,6 +67,9 @@ def common_checks(recipe, teacher: Dims, key: str) -> None:
         if max(layers) >= teacher.layers:
             raise RecipeError(f"{key}.init.teacher_layers: layer {max(layers)} does not exist in a "
                               f"{teacher.layers}-layer teacher (0..{teacher.layers - 1})")
+    if recipe.intermediate_step and not recipe.TASK_LAYER_WISE:
+        raise RecipeError(f"{key}.intermediate_step: the {recipe.recipe} recipe has no layer-wise step on the task "
+                          "(tinybert, minilm and mobilebert have)")
     if not recipe.runs_general and recipe.init.kind == "random" and not recipe.TASK_DISTILLS:
         raise RecipeError(f"{key}.general_distillation: a randomly initialised {recipe.recipe} student needs general "
                           "distillation (or init from teacher_layers / a checkpoint)")

@@ -8,7 +8,7 @@
 
 CPU-budget options (the paper distils task-agnostically only): ``intermediate_step`` runs the same last-layer
 objectives from the fine-tuned teacher on the task's training set before fine-tuning (TinyBERT's task step 1 with
-MiniLM's losses); ``task_distillation`` adds the prediction-layer extra step after it (`Recipe.fine_tune`).
+MiniLM's losses); ``task_distillation`` adds the prediction-layer extra step after it (`Recipe.plan`).
 
 The teacher assistant is used for M <= L/2 and d' <= d/2 (``teacher_assistant: auto``), always (``on``) or never
 (``off``). No official training code exists; see ``reference/official-code.md``.
@@ -23,7 +23,6 @@ from pydantic import Field
 from distillery.recipes.base import Recipe, RecipeError, StageContext, StudentStage
 from distillery.recipes.checks import student_dims
 from distillery.recipes.registry import register_recipe
-from distillery.recipes.steps import after, extra, finetune, intermediate, student_start
 from distillery.shape import Dims
 
 
@@ -34,13 +33,11 @@ class MiniLMRecipe(Recipe):
     recipe: Literal["minilm"] = "minilm"
     relation_heads: int = Field(12, ge=1)         # MiniLMv2 relation heads (objective relation_kl)
     teacher_assistant: Literal["auto", "on", "off"] = "auto"  # Sec. 3.3
-    #: before fine-tuning, eqs. 6-9 from the fine-tuned teacher on the task's training set (``task_distillation.
-    #: intermediate``), as TinyBERT's task step 1 does with its losses; the paper distils task-agnostically only
-    intermediate_step: bool = False
 
     OBJECTIVES: ClassVar[dict[str, float]] = {"attention_kl": 1.0, "value_relation_kl": 1.0, "relation_kl": 0.0}
     STUDENT_STAGES: ClassVar[dict[str, str]] = {"teacher_assistant": "assistant", "general_distillation": "general"}
     OPTIONS: ClassVar[tuple[str, ...]] = ("teacher_train_mode", "relation_heads")
+    TASK_LAYER_WISE: ClassVar[bool] = True
 
     def loss_options(self):
         from distillery.objectives.registry import LossOptions
@@ -84,16 +81,6 @@ class MiniLMRecipe(Recipe):
     def stages(self, teacher: Dims) -> dict[str, StudentStage]:
         first = {"teacher_assistant": StudentStage(self.assistant_stage)} if self.assistant_dims(teacher) else {}
         return {**first, **super().stages(teacher)}
-
-    def plan(self, teacher: Dims, sections):
-        """Fine-tuning (and the extra step), after step 1 (the last-layer objectives on the task) when
-        ``intermediate_step``."""
-        if not self.intermediate_step:
-            return super().plan(teacher, sections)
-        from distillery.training.plan import Plan
-
-        return Plan((intermediate(self, student_start(self), teacher), finetune(after("intermediate")),
-                     *extra(self, sections)), curve="intermediate")
 
     def assistant_stage(self, ctx: StageContext) -> dict[str, Any]:
         """The teacher assistant: an L-layer, d'-wide model distilled from the teacher with the student's

@@ -12,6 +12,10 @@
 ``transfer_epochs`` is the transfer's total (progressive: split evenly over the L stages, like the official
 ``steps_per_phase``); None means ``general_distillation.epochs``. ``feature_map_normalized``: the official code's
 layer-normalised maps with mean and variance terms.
+
+CPU-budget option (the paper fine-tunes only): ``intermediate_step`` runs eqs. 2-3 from the fine-tuned teacher on the
+task's training set before fine-tuning (TinyBERT's task step 1 with MobileBERT's losses), for a teacher whose depth,
+width and heads the student's layers match (`Recipe.plan`).
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ class MobileBertRecipe(Recipe):
     STUDENT_STAGES: ClassVar[dict[str, str]] = {"ib_teacher": "ib-teacher", "knowledge_transfer": "transfer",
                                                 "general_distillation": "general"}
     OPTIONS: ClassVar[tuple[str, ...]] = ("teacher_train_mode", "feature_map_normalized")
+    TASK_LAYER_WISE: ClassVar[bool] = True
 
     @property
     def needs_mlm_teacher(self) -> bool:
@@ -114,6 +119,12 @@ class MobileBertRecipe(Recipe):
                 raise RecipeError(
                     f"{key}.shape: layer-wise transfer needs the IB teacher's depth, feature-map width and heads "
                     f"({ib.layers}/{ib.hidden}/{ib.heads}); the student has {s.layers}/{s.hidden}/{s.heads}")
+        if self.intermediate_step and (s.layers > teacher.layers
+                                       or (s.hidden, s.heads) != (teacher.hidden, teacher.heads)):
+            raise RecipeError(
+                f"{key}.intermediate_step: eqs. 2-3 on the task read the fine-tuned teacher's layers 1..{s.layers}, "
+                f"feature maps and heads ({teacher.layers}/{teacher.hidden}/{teacher.heads}); the student has "
+                f"{s.layers}/{s.hidden}/{s.heads}")
 
     def _check_pruned(self, teacher: Dims, s: Dims, key: str) -> None:
         """``init: pruned`` cuts the student from the converted teacher (`distillery.ib_pruning`): every teacher layer,
