@@ -377,7 +377,7 @@ def test_mobilebert_intermediate_step_transfers_feature_maps_and_attention_on_th
 
     teacher, train, dev = finetuned_teacher(tok, tmp_path / "teacher")
     dims = Dims.of_config(teacher.config)
-    shape = {"preset": "mobilebert-tiny-no-opt", "layers": 2, "hidden": dims.hidden, "heads": dims.heads,
+    shape = {"preset": "mobilebert-tiny-no-opt", "layers": dims.layers, "hidden": dims.hidden, "heads": dims.heads,
              "intermediate": 32, "intra": 16, "embedding": dims.hidden}
     recipe = MobileBertRecipe(shape=shape, general_distillation=False, intermediate_step=True)
     sections = task_sections()
@@ -389,7 +389,7 @@ def test_mobilebert_intermediate_step_transfers_feature_maps_and_attention_on_th
     rows = [r for r in read_log(done.curve) if r.get("loss")]
     assert {"train_feature_map_loss", "train_attention_transfer_loss"} <= set(rows[0])
     assert float(rows[-1]["loss"]) < float(rows[0]["loss"]), rows
-    wide = {**shape, "layers": dims.layers, "hidden": 2 * dims.hidden, "embedding": 2 * dims.hidden}
+    wide = {**shape, "hidden": 2 * dims.hidden, "embedding": 2 * dims.hidden}
     wide = MobileBertRecipe(shape=wide, general_distillation=True, intermediate_step=True)
     with pytest.raises(RecipeError, match="intermediate_step"):
         wide.check(dims, "students.mb")

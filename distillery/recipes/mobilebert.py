@@ -119,12 +119,12 @@ class MobileBertRecipe(Recipe):
                 raise RecipeError(
                     f"{key}.shape: layer-wise transfer needs the IB teacher's depth, feature-map width and heads "
                     f"({ib.layers}/{ib.hidden}/{ib.heads}); the student has {s.layers}/{s.hidden}/{s.heads}")
-        if self.intermediate_step and (s.layers > teacher.layers
-                                       or (s.hidden, s.heads) != (teacher.hidden, teacher.heads)):
+        if self.intermediate_step and (s.layers, s.hidden, s.heads) != (
+                teacher.layers, teacher.hidden, teacher.heads):
             raise RecipeError(
-                f"{key}.intermediate_step: eqs. 2-3 on the task read the fine-tuned teacher's layers 1..{s.layers}, "
-                f"feature maps and heads ({teacher.layers}/{teacher.hidden}/{teacher.heads}); the student has "
-                f"{s.layers}/{s.hidden}/{s.heads}")
+                f"{key}.intermediate_step: eqs. 2-3 on the task read the fine-tuned teacher layer by layer and need "
+                f"its depth, feature-map width and heads ({teacher.layers}/{teacher.hidden}/{teacher.heads}); the "
+                f"student has {s.layers}/{s.hidden}/{s.heads}")
 
     def _check_pruned(self, teacher: Dims, s: Dims, key: str) -> None:
         """``init: pruned`` cuts the student from the converted teacher (`distillery.ib_pruning`): every teacher layer,
