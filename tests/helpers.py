@@ -163,7 +163,8 @@ MICRO = {
                              "shape": {"layers": 1, "hidden": 32, "heads": 2, "intermediate": 64, "arch": "distilbert"}},
         "micro-mobilebert": {"recipe": "mobilebert", "shape": {"preset": "mobilebert-tiny", "layers": 2, "hidden": 32,
                                                                "heads": 2, "intermediate": 16, "intra": 8,
-                                                               "embedding": 32}},
+                                                               "embedding": 32},
+                             "intermediate_step": True},  # as the demo's
         "micro-pkd": {"recipe": "pkd", "shape": {"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64}},
         # a budget instead of a shape: the search stage times both 1-layer candidates of the teacher's width in int8,
         # trains them (the FFN 32 one cut from its distilled FFN 64 twin, which the other one is) and keeps one, which

@@ -81,6 +81,8 @@ def test_pipeline_writes_summary_report_and_registry(prefect_project):
     assert "train_feature_map_loss" in transfer and "layer" in transfer.splitlines()[0]
     curve = (project / "metrics" / "curves" / "general_distillation-micro-mobilebert.csv").read_text()
     assert "train_pretraining_distillation_loss" in curve
+    task_curve = (project / "metrics" / "curves" / "task_distillation-micro-mobilebert-demo.csv").read_text()
+    assert "train_feature_map_loss" in task_curve and "train_attention_transfer_loss" in task_curve  # its step 1
     for name in ("micro-minilm", "micro-distilbert", "micro-mobilebert"):
         assert summary["demo"][name]["params"] < teacher["params"]
         alias = "champion" if summary["demo"][name]["gain_over_direct"] > 0 else "candidate"
