@@ -37,10 +37,10 @@ class TinyBertRecipe(Recipe):
     prediction_reduction: Literal["paper", "official"] = "paper"
     augmentation: bool = True       # task distillation on the augmented set when `augment.enabled` (Table 2 "w/o DA")
     intermediate_step: bool = True  # task-distillation step 1 (intermediate layers); off: step 2 (prediction) alone
-    TASK_LAYER_WISE: ClassVar[bool] = True
 
     OBJECTIVES: ClassVar[dict[str, float]] = {"attention_loss": 1.0, "hidden_loss": 1.0, "embedding_loss": 1.0}
     TASK_DISTILLS: ClassVar[bool] = True
+    TASK_LAYER_WISE: ClassVar[bool] = True
     #: ``teacher_layers: auto``: the teacher layers the layer map aligns the student's with (uniform, 6 -> 3: 1, 3, 5;
     #: 6 -> 4: 1, 2, 4, 5), so step 1 starts each student layer from the layer it is to imitate (scores of the
     #: alternatives: docs/results.md)
