@@ -20,8 +20,9 @@ precisions, interleaved (fp32, bf16, bf16, fp32, ...), after a warm-up; the medi
       precisions (does bf16 change what augmentation proposes? It does: the faithful path keeps fp32 forwards).
 
 Beside (a), this machine's matmul ceiling at the student's layer shapes in each precision
-(`distillery.efficiency.ceiling`), and the step's share of it (MFU: the step's FLOPs, student forward and backward and
-teacher forward, over its time, over the ceiling).
+(`distillery.efficiency.ceiling.matmul_pass`: one pass over the shapes' matmuls, timed in the same interleaved rounds
+as the steps, so that a slow spell of the machine slows both), and the step's share of it (MFU: the step's FLOPs,
+student forward and backward and teacher forward, over its time, over the ceiling).
 
 Last line: ``train_speedup: X infer_speedup: Y aug_speedup: Z ceiling_ratio: R step_mfu_bf16: M step_mfu_fp32: N``
 (X: (a) at length 128; Y: (c) at batch 32; Z: (d); each fp32 time over bf16 time; R: the bf16 matmul ceiling over
@@ -42,7 +43,7 @@ import transformers
 from distillery import precision
 from distillery.runtime import steady_allocator
 from distillery.training import cpu_kernels
-from distillery.efficiency.ceiling import StepFlops, layer_shapes, matmul_ceiling
+from distillery.efficiency.ceiling import StepFlops, layer_shapes, matmul_pass
 
 #: the matmul ceilings (FLOP/s) measured beside the distillation steps, by precision; each step's MFU, by
 #: (batch, length, precision)
@@ -53,6 +54,8 @@ KERNELS_GAIN: dict[tuple[int, int], float] = {}
 #: (layers, hidden, heads, intermediate): the local preset's teacher (all-MiniLM-L6-v2) and its 3-layer student
 TEACHER, STUDENT = (6, 384, 12, 1536), (3, 384, 12, 1536)
 VOCAB = 30522
+#: the two precisions and their matmul dtypes
+FORMS = (("fp32", "float32"), ("bf16", "bfloat16"))
 
 
 def interleaved(fns: dict[str, Callable[[], None]], reps: int, device: str = "cpu") -> dict[str, float]:
@@ -89,12 +92,13 @@ def _ratio(line: str, t: dict[str, float]) -> float:
 
 
 def train_steps(model: torch.nn.Module, inputs: dict[str, torch.Tensor], reps: int, *attention,
-                device: str = "cpu", torch_kernels: bool = False) -> dict[str, float]:
+                device: str = "cpu", torch_kernels: bool = False,
+                beside: dict[str, Callable[[], None]] | None = None) -> dict[str, float]:
     """Median seconds of one training step of `model` (forward to its `.loss`, backward, AdamW) in each precision,
     interleaved, on `device` (the model and inputs are moved there), as the pipeline's Trainer runs it: fused AdamW,
     and on a CPU `distillery.training.cpu_kernels` and `distillery.runtime.steady_allocator`; `attention`: the
     transformers models inside whose attention follows the precision. `torch_kernels`: also "bf16, torch kernels",
-    the bf16 step without `cpu_kernels`."""
+    the bf16 step without `cpu_kernels`. `beside`: more functions timed in the same rounds."""
     model.to(device)
     inputs = {k: v.to(device) for k, v in inputs.items()}
     if torch.device(device).type == "cpu":
@@ -105,8 +109,10 @@ def train_steps(model: torch.nn.Module, inputs: dict[str, torch.Tensor], reps: i
         def run() -> None:
             attention_for(form, *attention, device=device, training=True)
             teacher = getattr(model, "teacher", None)  # a Distiller's, run by the pipeline with the kernels too
+            if cheap and teacher is not None:  # it only infers (`distillery.training.trainer`)
+                attention_for(form, teacher, device=device)
             with cpu_kernels.used(model if cheap else None, device), \
-                    cpu_kernels.used(teacher if cheap else None, device):
+                    cpu_kernels.used(teacher if cheap else None, device, trains=False):
                 with precision.autocast(device, form):
                     loss = model(**inputs).loss
                 loss.backward()
@@ -118,7 +124,7 @@ def train_steps(model: torch.nn.Module, inputs: dict[str, torch.Tensor], reps: i
     steps = {"fp32": step("fp32"), "bf16": step("bf16")}
     if torch_kernels and torch.device(device).type == "cpu":
         steps["bf16, torch kernels"] = step("bf16", cheap=False)
-    return interleaved(steps, reps, device)
+    return interleaved({**steps, **(beside or {})}, reps, device)
 
 
 def distillation_step(batch: int, seq: int, reps: int, device: str = "cpu") -> float:
@@ -135,16 +141,18 @@ def distillation_step(batch: int, seq: int, reps: int, device: str = "cpu") -> f
     distiller = Distiller(student, teacher, DistillSpec(INTERMEDIATE, "intermediate", lm),
                           make_projection(student, teacher, lm)).train()
     inputs = {k: v for k, v in make_batch(batch, seq).items() if k != "labels"}
-    times = train_steps(distiller, inputs, reps, teacher, student, device=device, torch_kernels=seq == 128)
+    shapes = layer_shapes(STUDENT[1], STUDENT[3], batch * seq)
+    passes = {form: matmul_pass(shapes, dtype=dtype, device=device) for form, dtype in FORMS}
+    times = train_steps(distiller, inputs, reps, teacher, student, device=device, torch_kernels=seq == 128,
+                        beside={f"ceiling {form}": run for form, (_, run) in passes.items()})
     ratio = _ratio(f"(a) distillation step, batch {batch}, length {seq}", times)
     if "bf16, torch kernels" in times:
         KERNELS_GAIN[(batch, seq)] = times["bf16, torch kernels"] / times["bf16"]
         print(f"    bf16 without distillery.training.cpu_kernels: {1000 * times['bf16, torch kernels']:.0f} ms "
               f"({KERNELS_GAIN[(batch, seq)]:.2f}x the time with them)", flush=True)
     flops = StepFlops(student, teacher)(inputs)
-    shapes = layer_shapes(STUDENT[1], STUDENT[3], batch * seq)
-    for form, dtype in (("fp32", "float32"), ("bf16", "bfloat16")):
-        ceiling = matmul_ceiling(shapes, dtype=dtype, device=device).flops_per_s
+    for form, _ in FORMS:  # the matmuls alone, timed in the same rounds as the steps
+        ceiling = passes[form][0] / times[f"ceiling {form}"]
         CEILINGS[form] = ceiling
         MFU[(batch, seq, form)] = flops / times[form] / ceiling
         print(f"    {form}: {flops / times[form] / 1e12:.3f} TFLOP/s of a {ceiling / 1e12:.3f} TFLOP/s matmul ceiling "

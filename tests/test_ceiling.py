@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distillery.efficiency.ceiling import StepFlops, layer_shapes, matmul_ceiling, utilisation
+from distillery.efficiency.ceiling import StepFlops, layer_shapes, matmul_ceiling, matmul_pass, utilisation
 from distillery.efficiency.flops import flops_breakdown, flops_per_example
 from distillery.report import render_markdown, stage_utilisation
 from distillery.training.log import read_log, write_log
@@ -56,6 +56,16 @@ def test_the_ceiling_is_measured_once_per_process_and_a_runs_share_of_it_is_repo
     assert u["mfu"] == pytest.approx(count.flops / 0.5 / matmul_ceiling(layer_shapes(32, 64, 64)).flops_per_s,
                                      rel=1e-3, abs=1e-4)
     assert utilisation(StepFlops(student), 1.0, bf16=False) == {}  # nothing counted: nothing to report
+
+
+def test_a_pass_over_the_shapes_runs_each_matmul_once_per_time_it_appears(monkeypatch):
+    shapes = [(8, 4, 6), (6, 8, 4), (8, 4, 6)]
+    flops, run = matmul_pass(shapes)
+    assert flops == 2 * (2 * 8 * 4 * 6 + 6 * 8 * 4)
+    calls, real = [], torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b, out: calls.append((*a.shape, b.shape[1])) or real(a, b, out=out))
+    run()
+    assert calls == shapes
 
 
 def test_the_report_shows_each_training_runs_utilisation(tmp_path):

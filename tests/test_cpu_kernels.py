@@ -65,7 +65,13 @@ def test_the_attention_is_berts_eager_attention():
     assert torch.allclose(probs, reference) and torch.allclose(out, (reference @ v).transpose(1, 2))
     with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 scores stay bf16, within bf16's rounding of eager's
         low = cpu_kernels.attention(module.eval(), q, k, v, mask == 0)
+        additive = cpu_kernels.attention(module, q, k, v, mask)
+        scores = torch.matmul(q * 0.5, k.transpose(2, 3))  # the padded keys filled with the minimum, which the
+        filled = scores.masked_fill(mask != 0, torch.finfo(torch.bfloat16).min)  # bias's sum rounds to
+    with torch.autocast("cpu", enabled=False):
+        filled = torch.softmax(filled, -1)
     assert low[1].dtype == torch.bfloat16 and torch.allclose(low[0].float(), theirs[0], atol=0.05)
+    assert torch.equal(low[1], additive[1]) and torch.equal(low[1], filled)
 
 
 def test_the_bias_after_the_matmul_is_autocasts_linear():
@@ -122,6 +128,29 @@ def test_a_model_trains_with_it_on_a_cpu_and_is_put_back_after():
     gpu = _bert()
     with cpu_kernels.used(gpu, "cuda"):  # on a GPU, PyTorch's fused dropout: nothing changes
         assert gpu.config._attn_implementation == "sdpa" and any(type(m) is nn.Dropout for m in gpu.modules())
+
+
+def test_under_bf16_the_residual_stream_is_bf16_and_a_teacher_keeps_its_fused_attention():
+    student, teacher = _bert().train(), _bert().eval()
+    states: list[torch.Tensor] = []
+    hooks = [layer.register_forward_hook(lambda _m, _a, out: states.append(out if torch.is_tensor(out) else out[0]))
+             for layer in student.bert.encoder.layer]
+    ids = torch.randint(0, 50, (2, 8))
+    with cpu_kernels.used(student, "cpu"), cpu_kernels.used(teacher, "cpu", trains=False):
+        assert teacher.config._attn_implementation == "sdpa" and student.config._attn_implementation != "sdpa"
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            student(input_ids=ids).logits.float().sum().backward()
+            low = teacher(input_ids=ids).logits
+        assert [s.dtype for s in states] == [torch.bfloat16] * 2  # every layer's output: no float32 stream
+        states.clear()
+        student(input_ids=ids)  # without autocast: float32 as before
+        assert [s.dtype for s in states] == [torch.float32] * 2
+    for h in hooks:
+        h.remove()
+    assert not student.bert.embeddings._forward_hooks and not teacher.bert.embeddings._forward_hooks
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the teacher's output within bf16 rounding of its float32 one
+        reference = teacher(input_ids=ids).logits
+    assert torch.allclose(low.float(), reference.float(), atol=0.05)
 
 
 @pytest.mark.parametrize("amx", [True, False])

@@ -100,6 +100,28 @@ def matmul_ceiling(shapes: Sequence[tuple[int, int, int]], *, dtype: str = "floa
     return Ceiling(rate, dtype, str(torch.device(device)), shapes, threads)
 
 
+def matmul_pass(shapes: Sequence[tuple[int, int, int]], *, dtype: str = "float32",
+                device: str = "cpu") -> tuple[float, Callable[[], None]]:
+    """The FLOPs of one pass over `shapes` and a function that runs it: each shape's matmul once per time it
+    appears, back to back. Timed in the same rounds as a training step (alternating with it), its FLOPs over its
+    median time are `matmul_ceiling` measured side by side with the step: a machine's slow spells then slow both
+    alike, where a ceiling measured before or after the step can fall in another spell."""
+    dev, dt = torch.device(device), getattr(torch, dtype)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    operands = {}
+    for m, k, n in set(tuple(int(x) for x in s) for s in shapes):
+        a = torch.randn(m, k, generator=g).to(device=dev, dtype=dt)
+        b = torch.randn(k, n, generator=g).to(device=dev, dtype=dt)
+        operands[(m, k, n)] = (a, b, torch.empty(m, n, device=dev, dtype=dt))
+    order = [operands[tuple(int(x) for x in s)] for s in shapes]
+
+    def run() -> None:
+        for a, b, out in order:
+            torch.mm(a, b, out=out)
+
+    return float(sum(2 * m * k * n for m, k, n in shapes)), run
+
+
 def _dims(config: Any) -> tuple[int, int] | None:
     """(hidden, intermediate) of a config's layers (MobileBERT: its bottleneck width), None when unknown."""
     get = (config.get if isinstance(config, Mapping) else lambda k, d=None: getattr(config, k, d))

@@ -13,15 +13,25 @@ its runs are rows of the results log, docs/results.md):
   the dtype of the matmul that gives them: under bf16 autocast no float32 copy of each (B, H, T, T) tensor is made
   and cast back (the probabilities' matmul with the values casts them to bf16 anyway; softmax accumulates in
   float32 inside its kernel).
+* **Mask.** The padding mask goes onto the bf16 scores as an additive bias broadcast over the heads: the same
+  scores as filling the padded keys with the dtype's minimum (the minimum plus a score rounds to the minimum), at
+  less than half the time of ``masked_fill_`` with the boolean (B, 1, T, T) mask on this machine.
+* **Residual stream.** Under bf16 autocast the embeddings' output (float32: their tables and LayerNorm are float32)
+  is cast to bf16 once, so every layer's residual stream stays bf16: LayerNorm keeps its input's dtype under autocast
+  (it accumulates in float32 inside its kernel), and the next layer's query, key and value projections read its bf16
+  output instead of each casting a float32 copy of it, and backward casts no gradient of it back. The hidden states
+  the losses read are then bf16 (their fp32 copies are what the objectives reduce, as for the attention scores).
 * **Bias.** On a CPU without AMX (AVX512-BF16 alone), PyTorch's bf16 matmul with a bias (``addmm``) is slower than
   the same matmul without one followed by the bias added to its output: `Linear` does the latter under bf16 autocast
   (the bias in bf16, as autocast's own ``linear`` casts it), and is ``nn.Linear`` otherwise. With AMX, oneDNN adds the
   bias inside the matmul and is the faster: there `used` leaves ``nn.Linear`` as it is (`bias_after_matmul`).
 
 `used` puts them in a model for its training on a CPU: every ``nn.Dropout`` becomes `Dropout`, every ``nn.Linear`` a
-`Linear` (same parameters; on a CPU without AMX), and the attention of the BERT-layout encoders runs `attention`,
-registered with transformers' `AttentionInterface` as ``ATTENTION``; all is put back after the training, and nothing
-is saved with the model. On a GPU, PyTorch's fused kernels are already cheap and models are left as they are.
+`Linear` (same parameters; on a CPU without AMX), the BERT-layout encoders' residual stream goes bf16 under bf16
+autocast, and the attention of those that train runs `attention`, registered with transformers' `AttentionInterface`
+as ``ATTENTION`` (a teacher, which only infers, keeps PyTorch's fused SDPA: the objectives' scores and probabilities are
+computed apart by `distillery.capture`); all is put back after the training, and nothing is saved with the model. On a
+GPU, PyTorch's fused kernels are already cheap and models are left as they are.
 """
 
 from __future__ import annotations
@@ -109,10 +119,14 @@ def attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, atte
     if scaling is None:
         scaling = query.size(-1) ** -0.5
     weights = torch.matmul(query * scaling, key.transpose(2, 3))
-    if attention_mask is not None and attention_mask.dtype == torch.bool:
-        weights = weights.masked_fill_(~attention_mask, torch.finfo(weights.dtype).min)
-    elif attention_mask is not None:
-        weights = weights + attention_mask.to(weights.dtype).clamp_min(torch.finfo(weights.dtype).min)
+    if attention_mask is not None:
+        low = torch.finfo(weights.dtype).min
+        if attention_mask.dtype == torch.bool:  # one bias for every head (see the module's docstring)
+            bias = torch.zeros(attention_mask.shape, dtype=weights.dtype, device=weights.device)
+            bias = bias.masked_fill_(~attention_mask, low)
+        else:
+            bias = attention_mask.to(weights.dtype).clamp_min(low)
+        weights = weights.add_(bias)
     with torch.autocast(weights.device.type, enabled=False):
         weights = torch.softmax(weights, dim=-1)
     weights = _drop(weights, dropout, module.training)
@@ -131,17 +145,30 @@ def _register() -> None:
         AttentionMaskInterface.register(ATTENTION, sdpa_mask)
 
 
+def _low_precision_stream(_module: nn.Module, _args: Any, output: Any) -> Tensor | None:
+    """A forward hook on the embeddings: their output in autocast's dtype under CPU autocast (see the module's
+    docstring), else unchanged."""
+    if (isinstance(output, Tensor) and output.is_floating_point() and output.device.type == "cpu"
+            and torch.is_autocast_enabled("cpu")):
+        return output.to(torch.get_autocast_dtype("cpu"))
+    return None
+
+
 @contextmanager
-def used(model: nn.Module | None, device: torch.device | str) -> Iterator[None]:
-    """Within the block, `model` trains with these kernels on a CPU (`device`): its ``nn.Dropout`` modules swapped for
+def used(model: nn.Module | None, device: torch.device | str, trains: bool = True) -> Iterator[None]:
+    """Within the block, `model` runs with these kernels on a CPU (`device`): its ``nn.Dropout`` modules swapped for
     `Dropout`, its ``nn.Linear`` modules made `Linear` (without AMX: `bias_after_matmul`), a BERT-layout encoder's
-    attention set to `ATTENTION`; all put back on exit. Elsewhere, or for None, nothing changes."""
+    residual stream bf16 under bf16 autocast and, where it `trains`, its attention set to `ATTENTION`; all put back on
+    exit. Elsewhere, or for None, nothing changes."""
     if model is None or torch.device(device).type != "cpu":
         yield
         return
+    from distillery.capture import model_parts
+
     swapped: list[tuple[nn.Module, str, nn.Module]] = []
     linears: list[nn.Module] = []
     switched: list[tuple[nn.Module, str]] = []
+    hooks: list[Any] = []
     try:
         for module in list(model.modules()):
             if type(module) is nn.Linear and bias_after_matmul():
@@ -156,16 +183,21 @@ def used(model: nn.Module | None, device: torch.device | str) -> Iterator[None]:
         seen: set[int] = set()
         for module in model.modules():  # the outermost model of each config (a Distiller holds its student)
             config = getattr(module, "config", None)
-            before = getattr(config, "_attn_implementation", None)
             if not hasattr(module, "set_attn_implementation") or id(config) in seen:
                 continue
             seen.add(id(config))
-            if getattr(config, "model_type", None) in BERT_ATTENTION and before in ("eager", "sdpa"):
+            if getattr(config, "model_type", None) not in BERT_ATTENTION:
+                continue
+            hooks.append(model_parts(module).embeddings.register_forward_hook(_low_precision_stream))
+            before = getattr(config, "_attn_implementation", None)
+            if trains and before in ("eager", "sdpa"):
                 _register()
                 module.set_attn_implementation(ATTENTION)
                 switched.append((module, before))
         yield
     finally:
+        for hook in hooks:
+            hook.remove()
         for module, name, original in swapped:
             original.train(getattr(module, name).training)
             setattr(module, name, original)

@@ -43,8 +43,9 @@ def train_and_export(
     Trainer's model; the student for a ``Distiller``). ``extra(dir)`` writes more files into the export.
     ``run.param_groups``: the only parameters trained, each at its own learning-rate scale (``scaled_adamw``). On a
     CPU the model and its teacher run `distillery.training.cpu_kernels`' kernels while they train."""
-    for m in (model, export, getattr(model, "teacher", None)):  # a Distiller's student and teacher too
-        precision.fast_attention(m, targs.device, "bf16" if targs.bf16 else "fp32", training=True)
+    teacher = getattr(model, "teacher", None)  # a Distiller's: it only infers
+    for m, trains in ((model, True), (export, True), (teacher, False)):
+        precision.fast_attention(m, targs.device, "bf16" if targs.bf16 else "fp32", training=trains)
     optimizer = scaled_adamw(run.param_groups, targs) if run.param_groups is not None else None
     metric_fn = run.compute_metrics if evaluate else None
     if getattr(metric_fn, "takes_logits", False) and targs.train_sampling_strategy == "group_by_length":
@@ -69,8 +70,8 @@ def train_and_export(
         steady_allocator()  # no page faults afresh at every step (distillery.runtime)
     started = time.perf_counter()
     with _collect_only_new_objects(targs.device), ExitStack() as kernels:
-        for m in (model, getattr(model, "teacher", None)):  # on a CPU: cheaper dropout, attention, bias
-            kernels.enter_context(cpu_kernels.used(m, targs.device))
+        for m, trains in ((model, True), (teacher, False)):  # on a CPU: cheaper dropout, attention, bias
+            kernels.enter_context(cpu_kernels.used(m, targs.device, trains=trains))
         trainer.train(resume_from_checkpoint=last_checkpoint(run.output_dir) if run.resume else None)
     seconds = time.perf_counter() - started
     metrics = trainer.evaluate() if evaluate else None
