@@ -50,12 +50,17 @@ def layer_shapes(hidden: int, intermediate: int, tokens: int, *, training: bool 
     return out
 
 
-def _time_mm(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device, samples: int) -> float:
-    """Median seconds of one (m, k) x (k, n) matmul over `samples` samples of back-to-back calls."""
+def _operands(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Seeded (m, k) and (k, n) operands and an (m, n) output of one timed matmul."""
     g = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
     b = torch.randn(k, n, generator=g).to(device=device, dtype=dtype)
-    out = torch.empty(m, n, device=device, dtype=dtype)
+    return a, b, torch.empty(m, n, device=device, dtype=dtype)
+
+
+def _time_mm(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device, samples: int) -> float:
+    """Median seconds of one (m, k) x (k, n) matmul over `samples` samples of back-to-back calls."""
+    a, b, out = _operands(m, k, n, dtype, device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     torch.mm(a, b, out=out)  # warm-up, and the calls per sample
     sync()
@@ -107,13 +112,9 @@ def matmul_pass(shapes: Sequence[tuple[int, int, int]], *, dtype: str = "float32
     median time are `matmul_ceiling` measured side by side with the step: a machine's slow spells then slow both
     alike, where a ceiling measured before or after the step can fall in another spell."""
     dev, dt = torch.device(device), getattr(torch, dtype)
-    g = torch.Generator(device="cpu").manual_seed(0)
-    operands = {}
-    for m, k, n in set(tuple(int(x) for x in s) for s in shapes):
-        a = torch.randn(m, k, generator=g).to(device=dev, dtype=dt)
-        b = torch.randn(k, n, generator=g).to(device=dev, dtype=dt)
-        operands[(m, k, n)] = (a, b, torch.empty(m, n, device=dev, dtype=dt))
-    order = [operands[tuple(int(x) for x in s)] for s in shapes]
+    shapes = [tuple(int(x) for x in s) for s in shapes]
+    operands = {s: _operands(*s, dt, dev) for s in set(shapes)}
+    order = [operands[s] for s in shapes]
 
     def run() -> None:
         for a, b, out in order:
