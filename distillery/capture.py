@@ -47,7 +47,8 @@ class Captured:
     """Tensors captured during one forward pass (keys are layer / state indices).
 
     hidden: state index -> (B, T, D); 0 = embedding output, i = output of layer i (1-based).
-    scores: 0-based layer -> (B, H, T, T) pre-softmax Q K^T / sqrt(d_head), no mask added.
+    scores: 0-based layer -> (B, H, T, T) pre-softmax Q K^T / sqrt(d_head), no mask added, in the forward's
+        precision (bf16 under bf16 autocast).
     probs: 0-based layer -> (B, H, T, T) softmax over keys with padded keys masked (pre-dropout).
     values / queries / keys: 0-based layer -> (B, H, T, d_head).
     """
@@ -72,10 +73,12 @@ class Captured:
         return [table[i] for i in indices]
 
     def float(self) -> "Captured":
-        """The same tensors in float32 (the objectives' inputs under bf16 autocast; no copy of fp32 tensors)."""
+        """The same tensors in float32 (the objectives' inputs under bf16 autocast; no copy of fp32 tensors), but for
+        the scores: the attention loss reads them in fp32 a slice at a time, without a float32 copy of each."""
         from distillery.precision import fp32
 
-        return Captured(**{kind: fp32(getattr(self, kind)) for kind in _KINDS})
+        return Captured(**{kind: getattr(self, kind) if kind == "scores" else fp32(getattr(self, kind))
+                           for kind in _KINDS})
 
     def clear(self) -> None:
         for d in (self.hidden, self.scores, self.probs, self.values, self.queries, self.keys):
@@ -252,19 +255,23 @@ def capture(
                     out.keys[i] = k
                 if i in value_idx:
                     out.values[i] = v
-                if i in score_idx or i in prob_idx:
+                if i in score_idx:
+                    # in the forward's precision (under bf16 autocast q and k are bf16: the product a bf16 attention
+                    # computes), scaled on q (d < T), contiguous: one copy each; the attention loss reads them in fp32
+                    # a slice at a time (distillery.objectives.tinybert)
+                    with torch.autocast(q.device.type, enabled=False):
+                        qs = q.to(memory_format=torch.contiguous_format, copy=True).mul_(scale)
+                        ks = k.to(memory_format=torch.contiguous_format)
+                        out.scores[i] = torch.matmul(qs, ks.transpose(-1, -2))
+                if i in prob_idx:
                     # in fp32 whatever the forward's precision: under bf16 autocast q and k are bf16, and the
-                    # objectives fit these scores and their softmax (distillery.precision)
+                    # objectives fit these probabilities (distillery.precision)
                     with torch.autocast(q.device.type, enabled=False):
                         qf = q.to(torch.float32, copy=True, memory_format=torch.contiguous_format).mul_(scale)
                         kf = k.to(torch.float32, memory_format=torch.contiguous_format)
                         s = torch.matmul(qf, kf.transpose(-1, -2))  # scaled on q (d < T), contiguous: one copy each
-                        if i in score_idx:
-                            out.scores[i] = s
-                        if i in prob_idx:
-                            bound = signature.bind_partial(*args, **kwargs).arguments
-                            mask = bound.get("attention_mask")
-                            out.probs[i] = torch.softmax(_apply_mask(s, mask), dim=-1)
+                        bound = signature.bind_partial(*args, **kwargs).arguments
+                        out.probs[i] = torch.softmax(_apply_mask(s, bound.get("attention_mask")), dim=-1)
 
             handles.append(attn.register_forward_hook(on_attention, with_kwargs=True))
         yield out

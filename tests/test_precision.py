@@ -201,17 +201,61 @@ def test_a_cpu_trains_bf16_with_the_eager_attention_and_infers_with_sdpa(monkeyp
 
 
 @needs_bf16
-def test_attention_scores_and_probs_are_captured_in_fp32_under_autocast():
+def test_attention_scores_are_captured_in_the_forwards_precision_and_probs_in_fp32():
+    """Under bf16 autocast the scores are the bf16 product of the bf16 queries and keys (the attention loss reads them
+    in fp32 a slice at a time), the probabilities fp32."""
     from distillery.capture import capture
 
     teacher, _ = _models("attention_loss")
     batch = _batch("attention_loss")
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), capture(teacher, scores=(0,), probs=(0,),
-                                                                                  hidden=(1,)) as cap:
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), capture(
+            teacher, scores=(0,), probs=(0,), queries=(0,), keys=(0,), hidden=(1,)) as cap:
         teacher(**batch)
-    assert cap.scores[0].dtype == cap.probs[0].dtype == torch.float32
+    q, k = cap.queries[0], cap.keys[0]
+    assert cap.scores[0].dtype == q.dtype == torch.bfloat16 and cap.probs[0].dtype == torch.float32
+    assert torch.equal(cap.scores[0], torch.matmul((q * q.shape[-1] ** -0.5), k.transpose(-1, -2)))
+    assert cap.float().scores[0] is cap.scores[0]  # no float32 copy of them
     assert cap.float().hidden[1].dtype == torch.float32
     torch.testing.assert_close(cap.probs[0].sum(-1), torch.ones_like(cap.probs[0][..., 0]))
+
+
+def test_tinybert_projection_runs_in_the_forwards_precision():
+    """W_h is a linear layer: a bf16 matmul under bf16 autocast (its output float32 for the objectives), the
+    projection itself without autocast."""
+    from distillery.objectives import HiddenProjection
+    from distillery.training.distill import in_forward_precision
+
+    proj = HiddenProjection(8, 12)
+    x = torch.randn(3, 5, 8)
+    assert in_forward_precision(proj) is proj and in_forward_precision(None) is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        run = in_forward_precision(proj)
+    with torch.autocast("cpu", dtype=torch.bfloat16), precision.fp32_region("cpu"):
+        y = run(x, 0)
+    layer = proj.layers[0]
+    assert y.dtype == torch.float32
+    assert torch.equal(y, torch.nn.functional.linear(x.bfloat16(), layer.weight.bfloat16(), layer.bias.bfloat16()).float())
+
+
+def test_official_attention_loss_reads_bf16_scores_in_fp32():
+    """bf16 scores: the loss of their float32 copies (each slice read in float32), the gradient that loss's rounded to
+    bf16; several slices (a padded batch)."""
+    from distillery.objectives.tinybert import CHUNK, attention_loss
+
+    g = torch.Generator().manual_seed(3)
+    b, h, n = 5, 4, 128  # CHUNK // (n * n) = 16 heads a slice: two slices
+    assert b * h > CHUNK // (n * n)
+    s = (torch.randn(b, h, n, n, generator=g) * 4).bfloat16()
+    t = (torch.randn(b, h, n, n, generator=g) * 4).bfloat16()
+    mask = torch.ones(b, n, dtype=torch.long)
+    mask[1, 100:] = mask[3, 7:] = 0
+    s16, s32 = s.clone().requires_grad_(), s.float().requires_grad_()
+    l16, l32 = attention_loss([s16], [t], mask), attention_loss([s32], [t.float()], mask)
+    assert l16.dtype == torch.float32
+    torch.testing.assert_close(l16, l32, rtol=1e-6, atol=0)
+    l16.backward(), l32.backward()
+    assert s16.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(s16.grad.float(), s32.grad, rtol=2 ** -7, atol=0)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from distillery.precision import fp32
+
 from ._common import (TensorOrList, as_pairs, check_heads, gold_rows, masked_log_softmax, per_sequence_mean, real_classes,
                       token_mask)
 from .registry import Batch, LossOptions, ObjectiveConfigError, register_term
@@ -38,28 +40,29 @@ class _OfficialScoreMSE(torch.autograd.Function):
     """MSE(official(s), official(t)) for student scores `s` and teacher scores `t` (B, H, T, T), `offset` (B, 1, 1, T):
     official(x) is x + offset (0, or OFFICIAL_MASK_VALUE on padded keys) with entries at or below
     OFFICIAL_ZERO_THRESHOLD set to 0, which is `torch.nn.functional.threshold`. Slice by slice of `CHUNK` elements (on a
-    CPU; one slice elsewhere):
-    each slice's difference, its sum of squares (a dot product, accumulated in the scores' dtype, float32 or float64)
-    and its gradient, 2/N (official(s) - official(t)) where the student's entry is kept, which the forward saves; one
-    read of `s` and `t` and one write, in a few elementwise kernels."""
+    CPU; one slice elsewhere): each slice in float32 (float64 stays float64; bf16 scores, as bf16 autocast captures
+    them, are read a slice at a time, so no float32 copy of the whole tensor is made), its difference, its sum of
+    squares (a dot product) and its gradient, 2/N (official(s) - official(t)) where the student's entry is kept, which
+    the forward saves in the scores' dtype; one read of `s` and `t` and one write, in a few elementwise kernels."""
 
     @staticmethod
     def forward(ctx, s: Tensor, offset: Tensor, t: Tensor) -> Tensor:
         b, h, n, _ = s.shape
         s, t = s.reshape(b * h, n, n), t.reshape(b * h, n, n)
-        offset = offset.expand(b, h, 1, n).reshape(b * h, 1, n)
+        exact = torch.promote_types(s.dtype, torch.float32)
+        offset = offset.to(exact).expand(b, h, 1, n).reshape(b * h, 1, n)
         masked_diff = torch.empty_like(s)
         step = max(1, CHUNK // (n * n)) if s.device.type == "cpu" else b * h
-        total = s.new_zeros(())
+        total = torch.zeros((), dtype=exact, device=s.device)
         for i in range(0, b * h, step):
             sl = slice(i, i + step)
-            shifted = s[sl] + offset[sl]
-            target = F.threshold_(t[sl] + offset[sl], OFFICIAL_ZERO_THRESHOLD, 0.0)
+            shifted = s[sl].to(exact) + offset[sl]
+            target = F.threshold_(t[sl].to(exact) + offset[sl], OFFICIAL_ZERO_THRESHOLD, 0.0)
             diff = F.threshold(shifted, OFFICIAL_ZERO_THRESHOLD, 0.0).sub_(target)
             flat = diff.view(-1)
             total += torch.dot(flat, flat)
             torch.ops.aten.threshold_backward.grad_input(diff, shifted, OFFICIAL_ZERO_THRESHOLD,
-                                                        grad_input=masked_diff[sl])
+                                                        grad_input=masked_diff[sl])  # rounded to the scores' dtype
         ctx.scale, ctx.shape = 2.0 / s.numel(), (b, h, n, n)
         ctx.save_for_backward(masked_diff)
         return total / s.numel()
@@ -101,11 +104,12 @@ def attention_loss(
             raise ValueError(f"attention_loss: pair {i}: scores must be (B,H,T,T), got {tuple(s.shape)} / {tuple(t.shape)}")
         b, _, n, _ = s.shape
         valid = token_mask(attention_mask, b, n, s.device, "attention_loss")
-        t = t.to(s.dtype)
-        if official_masking:
-            offset = (~valid[:, None, None, :]).to(s.dtype) * OFFICIAL_MASK_VALUE
+        if official_masking:  # bf16 scores read in float32 a slice at a time
+            offset = (~valid[:, None, None, :]).to(torch.promote_types(s.dtype, torch.float32)) * OFFICIAL_MASK_VALUE
             loss = _OfficialScoreMSE.apply(s, offset, t)
         else:
+            s = fp32(s)
+            t = fp32(t).to(s.dtype)
             pair_valid = valid[:, None, :, None] & valid[:, None, None, :]
             loss = per_sequence_mean((s - t) ** 2, pair_valid)
         total = loss if total is None else total + loss

@@ -176,16 +176,18 @@ class Distiller(nn.Module):
     def objectives(self, student_cap, teacher_cap, attention_mask, labels, student_logits, teacher_logits, nsp,
                    logit_mask) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
         """(loss, the student's fp32 logits, each term): the objectives in fp32 (softmax, KL, MSE, cosine, their
-        reductions) on fp32 copies of what bf16 autocast captured; TinyBERT's projection too (distillery.precision).
+        reductions) on fp32 copies of what bf16 autocast captured (distillery.precision); TinyBERT's projection, a
+        linear layer, in the forward's precision (`in_forward_precision`).
         Compiled (`compile_objectives`), the casts fuse into the reductions and no fp32 copy is materialised."""
         nsp_logits, nsp_labels = nsp  # MobileBERT's next-sentence logits and labels, or Nones
+        projection = in_forward_precision(self.projection)
         with fp32_region(next(self.student.parameters()).device):
             batch = Batch(
                 student=student_cap.float(), teacher=teacher_cap.float() if teacher_cap is not None else None,
                 layer_map=self.spec.layer_map, options=self.spec.options,
                 attention_mask=attention_mask, labels=labels, student_logits=fp32(student_logits),
                 teacher_logits=fp32(teacher_logits), nsp_logits=fp32(nsp_logits), nsp_labels=nsp_labels,
-                projection=self.projection, logit_mask=logit_mask,
+                projection=projection, logit_mask=logit_mask,
             )
             terms = {name: TERMS[name].compute(batch) for name in self.active}
             return self.spec.objectives.combine(terms), batch.student_logits, terms
@@ -195,6 +197,23 @@ class Distiller(nn.Module):
         difference, a square and a reduction over each captured tensor."""
         if self._compiled_objectives is None:
             self._compiled_objectives = torch.compile(self.objectives)
+
+
+def in_forward_precision(projection: HiddenProjection | None) -> Callable[[Tensor, int], Tensor] | None:
+    """`projection` (TinyBERT's W_h and W_e: a linear layer, not a reduction) as the step's other linear layers run:
+    under bf16 autocast a bf16 matmul, whose output the objectives read in float32; the projection itself otherwise."""
+    if projection is None:
+        return None
+    device = next(projection.parameters()).device.type
+    if not torch.is_autocast_enabled(device):
+        return projection
+    dtype = torch.get_autocast_dtype(device)
+
+    def run(x: Tensor, index: int = 0) -> Tensor:
+        with torch.autocast(device, dtype=dtype):
+            return projection(x, index).float()
+
+    return run
 
 
 def _logits(output) -> Tensor | None:
