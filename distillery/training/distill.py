@@ -127,6 +127,12 @@ class Distiller(nn.Module):
             return state
         return {k: v for k, v in state.items() if k not in self._keys_to_ignore_on_save}
 
+    @property
+    def reads_internals(self) -> bool:
+        """Whether a term reads the student's or the teacher's captured internals (hidden states, attention), not
+        only their logits (`distillery.training.unpadding.reads_padding`)."""
+        return bool(self._student_cap or self._teacher_cap)
+
     def runs_teacher(self, inputs: Mapping[str, Any]) -> bool:
         """Whether a training batch runs the teacher: a term reads its internals, or its logits and the batch
         carries none (`teacher_logits`)."""

@@ -18,7 +18,7 @@ from transformers import PreTrainedModel, Trainer, TrainingArguments
 from distillery import precision
 from distillery.efficiency.ceiling import StepFlops, utilisation
 from distillery.runtime import FreeCores, steady_allocator
-from distillery.training import cpu_kernels
+from distillery.training import cpu_kernels, unpadding
 from distillery.training.log import LOG_NAME, quiet_progress, rows_from_state, write_log
 from distillery.training.metrics import trainer_metrics
 from distillery.training.saving import last_checkpoint, save_final
@@ -42,7 +42,8 @@ def train_and_export(
     evaluate the final model, whose dev metrics go to ``metrics.json``. ``export``: the model saved (default the
     Trainer's model; the student for a ``Distiller``). ``extra(dir)`` writes more files into the export.
     ``run.param_groups``: the only parameters trained, each at its own learning-rate scale (``scaled_adamw``). On a
-    CPU the model and its teacher run `distillery.training.cpu_kernels`' kernels while they train."""
+    CPU the model and its teacher run `distillery.training.cpu_kernels`' kernels while they train, and unpadded
+    (`distillery.training.unpadding`) where nothing the training reads is padded."""
     teacher = getattr(model, "teacher", None)  # a Distiller's: it only infers
     for m, trains in ((model, True), (export, True), (teacher, False)):
         precision.fast_attention(m, targs.device, "bf16" if targs.bf16 else "fp32", training=trains)
@@ -72,6 +73,9 @@ def train_and_export(
     with _collect_only_new_objects(targs.device), ExitStack() as kernels:
         for m, trains in ((model, True), (teacher, False)):  # on a CPU: cheaper dropout, attention, bias
             kernels.enter_context(cpu_kernels.used(m, targs.device, trains=trains))
+        if not unpadding.reads_padding(model):  # on a CPU: the layers on the real tokens alone
+            for m in (model, teacher):
+                kernels.enter_context(unpadding.used(m, targs.device))
         trainer.train(resume_from_checkpoint=last_checkpoint(run.output_dir) if run.resume else None)
     seconds = time.perf_counter() - started
     metrics = trainer.evaluate() if evaluate else None

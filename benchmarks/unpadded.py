@@ -1,0 +1,127 @@
+"""A task's fine-tuning step padded and unpadded (`distillery.training.unpadding`), side by side in one run.
+
+    python -m benchmarks.unpadded [--reps 5] [--batches 8] [--layers 6] [--precision bf16]
+
+The local preset's shapes: all-MiniLM-L6-v2's tokenizer and encoder shape (6 x 384, random weights: timing does not
+read them; --layers 3 for its student), max length 64, batch 32, a sequence classifier trained with cross-entropy,
+backward and fused AdamW, as the pipeline's Trainer runs it (`distillery.training.cpu_kernels`, bf16 autocast,
+`distillery.runtime.steady_allocator`). For SST-2 and CoLA, --batches random batches of the real training split
+(../shared/data/glue; generated sentences without it), each padded to its longest sentence as the pipeline's
+collator pads them; the two forms interleaved (padded, unpadded, unpadded, padded, ...) after a warm-up, the median
+of the time of each form's pass over the batches, and the p10-p90 of the paired padded/unpadded ratios.
+
+Last line: ``gain_sst2: X gain_cola: Y padded_sst2: P padded_cola: Q`` (the padded step's time over the unpadded
+one's; the share of padded positions in the batches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Callable
+
+import torch
+import transformers
+
+from distillery import precision
+from distillery.runtime import steady_allocator
+from distillery.training import cpu_kernels, unpadding
+
+SHARED = Path(__file__).resolve().parents[1] / ".." / "shared"
+TASKS = {"sst2": "SST-2", "cola": "CoLA"}
+
+
+def sentences(task: str, n: int, seed: int) -> list[str]:
+    """`n` random training sentences of `task` (the real split where ../shared has it)."""
+    path = SHARED / "data" / "glue" / TASKS[task] / "train.tsv"
+    rng = random.Random(seed)
+    if path.is_file():
+        from distillery.glue import get_task, load_split_file
+
+        texts = load_split_file(get_task(task), path)["text_a"]
+        return [texts[i] for i in rng.sample(range(len(texts)), n)]
+    words = "the a film movie was is not very good bad story actors plot and of it this one".split()
+    return [" ".join(rng.choices(words, k=rng.randint(3, 40))) for _ in range(n)]
+
+
+def tokenizer():
+    local = SHARED / "models" / "all-MiniLM-L6-v2"
+    if local.is_dir():
+        return transformers.AutoTokenizer.from_pretrained(local)
+    from benchmarks.augment import bert_tokenizer
+
+    return bert_tokenizer()
+
+
+def passes(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]], form: str) -> dict[str, Callable[[], None]]:
+    """One training pass over `batches` padded and one unpadded."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+
+    def run(unpadded: bool) -> Callable[[], None]:
+        def go() -> None:
+            precision.fast_attention(model, "cpu", form, training=True)
+            with cpu_kernels.used(model, "cpu"), (unpadding.used(model, "cpu") if unpadded else nullcontext()):
+                for batch in batches:
+                    with precision.autocast("cpu", form):
+                        loss = model(**batch).loss
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+
+        return go
+
+    return {"padded": run(False), "unpadded": run(True)}
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--batches", type=int, default=8)
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--precision", default="bf16", choices=("bf16", "fp32"))
+    args = p.parse_args(argv)
+    transformers.logging.set_verbosity_error()
+    tok = tokenizer()
+    steady_allocator()
+    out: dict[str, float] = {}
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.precision}, "
+          f"{args.layers} x 384, batch 32, max length 64", flush=True)
+    for task in TASKS:
+        torch.manual_seed(0)
+        texts = sentences(task, 32 * args.batches, seed=0)
+        batches = []
+        for i in range(args.batches):
+            enc = tok(texts[32 * i:32 * (i + 1)], max_length=64, truncation=True, padding=True, return_tensors="pt")
+            batches.append({**enc, "labels": torch.randint(0, 2, (32,))})
+        real = sum(int(b["attention_mask"].sum()) for b in batches)
+        padded = 1 - real / sum(b["attention_mask"].numel() for b in batches)
+        model = transformers.BertForSequenceClassification(transformers.BertConfig(
+            vocab_size=len(tok), num_hidden_layers=args.layers, hidden_size=384, num_attention_heads=12,
+            intermediate_size=1536, num_labels=2)).train()
+        fns = passes(model, batches, args.precision)
+        for fn in fns.values():
+            fn()
+        times: dict[str, list[float]] = {name: [] for name in fns}
+        for r in range(args.reps):
+            for name in list(fns) if r % 2 == 0 else list(fns)[::-1]:
+                t0 = time.perf_counter()
+                fns[name]()
+                times[name].append(time.perf_counter() - t0)
+        ratios = sorted(a / b for a, b in zip(times["padded"], times["unpadded"]))
+        med = {k: 1000 * statistics.median(v) / args.batches for k, v in times.items()}
+        gain = med["padded"] / med["unpadded"]
+        lo, hi = ratios[int(0.1 * (len(ratios) - 1))], ratios[round(0.9 * (len(ratios) - 1))]
+        print(f"{task}: {padded:.1%} of the positions padded; a step padded {med['padded']:.0f} ms, unpadded "
+              f"{med['unpadded']:.0f} ms: {gain:.2f}x [{lo:.2f}-{hi:.2f}]", flush=True)
+        out[f"gain_{task}"], out[f"padded_{task}"] = gain, padded
+    print(" ".join(f"gain_{t}: {out[f'gain_{t}']:.2f}" for t in TASKS) + " "
+          + " ".join(f"padded_{t}: {out[f'padded_{t}']:.3f}" for t in TASKS))
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""Unpadded batches: an encoder's layers run on a batch's real tokens alone, on a CPU.
+
+A task's batches are padded to their longest sentence, and GLUE sentences are far shorter than most of a batch's
+longest: 50-70% of the positions of the local preset's batches are padding. Every position-wise part of a layer (the
+query, key, value and output projections, the feed-forward network, LayerNorm, dropout, the residual adds) does as
+much work on a padded position as on a real one. Here, as in MosaicBERT and ModernBERT, the encoder reads the real
+tokens alone, as one (1, N, D) sequence: a forward pre-hook on the encoder gathers them from the embeddings' (B, T, D)
+output; each layer's attention (`attention`) puts its queries, keys and values back in their sentences' (B, H, T, d)
+layout, runs the attention the model ran before on it (`distillery.training.cpu_kernels.attention` for a model that
+trains, PyTorch's fused SDPA for one that infers; padded keys masked as before) and gathers its output again; and a
+forward hook on the encoder scatters the last hidden state back to (B, T, D), zero at the padded positions, for the
+pooler and the heads.
+
+A real token's value is the padded forward's: the same products of the same operands (tests/test_unpadding.py holds
+logits and gradients to float32 rounding). A padded position's is not (zero, where a padded forward computes values
+nothing should read), so `reads_padding` allows unpadding only for a training whose loss reads no padded position:
+a sequence classifier's (its [CLS] token), a masked LM's (labels on real tokens), and a distillation whose
+objectives read logits only (TinyBERT's official attention and hidden-state losses read padded positions, as the
+paper's code does, and every captured internal is kept in its padded layout). Dropout draws its masks for the real
+tokens only: an unpadded run draws other masks than a padded one, from the same distribution, and the same seed
+gives the same run.
+
+`python -m benchmarks.unpadded` times a fine-tuning step both ways on real GLUE batches, side by side.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from distillery.training import cpu_kernels
+
+#: the attention implementation name `used` gives a model (`attention`)
+ATTENTION = "unpadded_cpu"
+#: model types whose base model runs ``encoder(hidden_states, attention_mask=...)`` with BERT's attention
+ENCODERS = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra"})
+#: heads whose loss reads no padded position: [CLS] (classification, next sentence) or labels on real tokens (MLM)
+HEADS = ("ForSequenceClassification", "ForMaskedLM", "ForPreTraining")
+
+
+@dataclass(frozen=True)
+class _Tokens:
+    """The real tokens of a (B, T) batch: their flat positions ``index`` (N,) in B x T."""
+
+    index: Tensor
+    batch: int
+    length: int
+
+    def padded(self, x: Tensor) -> Tensor:
+        """(1, H, N, d) per-head tokens -> (B, H, T, d), zero at padded positions."""
+        heads, d = x.shape[1], x.shape[3]
+        flat = x.transpose(1, 2).reshape(-1, heads * d)
+        out = flat.new_zeros(self.batch * self.length, heads * d).index_copy(0, self.index, flat)
+        return out.view(self.batch, self.length, heads, d).transpose(1, 2)
+
+    def gathered(self, x: Tensor) -> Tensor:
+        """(B, T, ...) -> (1, N, ...): the real tokens."""
+        return x.reshape(self.batch * self.length, *x.shape[2:]).index_select(0, self.index).unsqueeze(0)
+
+    def scattered(self, x: Tensor) -> Tensor:
+        """(1, N, D) -> (B, T, D), zero at padded positions."""
+        flat = x[0]
+        out = flat.new_zeros(self.batch * self.length, *flat.shape[1:]).index_copy(0, self.index, flat)
+        return out.view(self.batch, self.length, *flat.shape[1:])
+
+
+#: the real tokens of the forward in progress (set by the encoder's pre-hook, cleared by its hook)
+_TOKENS: contextvars.ContextVar[_Tokens | None] = contextvars.ContextVar("distillery_unpadded", default=None)
+
+
+def attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+              **kwargs: Any) -> tuple[Tensor, Tensor | None]:
+    """The attention of an unpadded forward: (1, H, N, d) queries, keys and values put back in their sentences'
+    layout, `cpu_kernels.attention` (a module that trains) or PyTorch's SDPA (one that infers) with the batch's
+    (B, 1, T, T) mask, and the output's real tokens, (1, N, H, d); outside one, the same attention as it is."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    inner = cpu_kernels.attention if module.training else ALL_ATTENTION_FUNCTIONS["sdpa"]
+    tokens = _TOKENS.get()
+    if tokens is None:
+        return inner(module, query, key, value, attention_mask, **kwargs)
+    out, weights = inner(module, tokens.padded(query), tokens.padded(key), tokens.padded(value), attention_mask,
+                         **kwargs)
+    return tokens.gathered(out), weights
+
+
+def _gather(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """The encoder's forward pre-hook: its (B, T, D) input's real tokens as (1, N, D), where its attention mask is
+    the boolean (B, 1, T, T) one transformers makes for SDPA (a batch without padding has none: nothing to do)."""
+    _TOKENS.set(None)
+    mask = kwargs.get("attention_mask")
+    if not args or not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.dim() != 4 \
+            or kwargs.get("encoder_hidden_states") is not None:
+        return None
+    hidden = args[0]
+    b, t = hidden.shape[:2]
+    if mask.shape[0] != b or mask.shape[-1] != t:
+        return None
+    tokens = _Tokens(mask[:, 0, 0, :].reshape(-1).nonzero().squeeze(1), b, t)  # each query row: the real keys
+    _TOKENS.set(tokens)
+    return (tokens.gathered(hidden), *args[1:]), kwargs
+
+
+def _scatter(_module: nn.Module, _args: tuple, _kwargs: dict, output: Any) -> Any:
+    """The encoder's forward hook: its last hidden state back in the (B, T, D) layout."""
+    tokens = _TOKENS.get()
+    _TOKENS.set(None)
+    if tokens is None:
+        return None
+    if isinstance(output, tuple):
+        return (tokens.scattered(output[0]), *output[1:])
+    output.last_hidden_state = tokens.scattered(output.last_hidden_state)
+    return output
+
+
+def reads_padding(model: nn.Module | None) -> bool:
+    """Whether a training of `model` may read a padded position (True where it cannot tell): a `Distiller` whose
+    objectives read captured internals, or whose student or teacher does; a model outside `ENCODERS`, with another
+    head than `HEADS`, or whose config asks for every layer's hidden states or attentions."""
+    if model is None:
+        return False
+    if hasattr(model, "student"):  # a Distiller
+        return getattr(model, "reads_internals", True) or reads_padding(model.student) \
+            or reads_padding(getattr(model, "teacher", None))
+    config = getattr(model, "config", None)
+    return not (getattr(config, "model_type", None) in ENCODERS and type(model).__name__.endswith(HEADS)
+                and not getattr(config, "output_hidden_states", False)
+                and not getattr(config, "output_attentions", False))
+
+
+def _register() -> None:
+    """`attention` under the name `ATTENTION`, with the boolean masks transformers makes for SDPA."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    if ATTENTION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(ATTENTION, attention)
+    if ATTENTION not in AttentionMaskInterface._global_mapping:
+        AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+
+
+@contextmanager
+def used(model: nn.Module | None, device: torch.device | str) -> Iterator[None]:
+    """Within the block, every encoder of `model` in `ENCODERS` runs unpadded on a CPU (`device`), unless compiled;
+    all put back on exit. The caller decides that nothing its training reads is padded (`reads_padding`)."""
+    if model is None or torch.device(device).type != "cpu":
+        yield
+        return
+    hooks: list[Any] = []
+    switched: list[tuple[nn.Module, str]] = []
+    try:
+        seen: set[int] = set()
+        for module in model.modules():  # the outermost model of each config (a Distiller holds its student)
+            config = getattr(module, "config", None)
+            if not hasattr(module, "set_attn_implementation") or id(config) in seen \
+                    or getattr(config, "model_type", None) not in ENCODERS \
+                    or getattr(module, "_compiled_call_impl", None) is not None:
+                continue
+            seen.add(id(config))
+            encoder = getattr(module.base_model, "encoder", None)
+            if encoder is None:
+                continue
+            _register()
+            hooks.append(encoder.register_forward_pre_hook(_gather, with_kwargs=True))
+            hooks.append(encoder.register_forward_hook(_scatter, with_kwargs=True))
+            switched.append((module, config._attn_implementation))
+            module.set_attn_implementation(ATTENTION)
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for module, before in switched:
+            module.set_attn_implementation(before)
+        _TOKENS.set(None)
+
+
+__all__ = ["ATTENTION", "ENCODERS", "HEADS", "attention", "reads_padding", "used"]

@@ -1,0 +1,103 @@
+"""Unpadded batches (distillery.training.unpadding): the layers see the real tokens alone, every real token's value,
+the loss and every gradient are the padded forward's (float32), for a model that trains and one that infers; which
+trainings may run unpadded; the model put back as it was."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import pytest
+import torch
+import transformers
+from torch import nn
+
+from distillery.training import cpu_kernels, unpadding
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _config(**kw) -> transformers.BertConfig:
+    return transformers.BertConfig(**{"vocab_size": 50, "hidden_size": 16, "num_hidden_layers": 2,
+                                      "num_attention_heads": 2, "intermediate_size": 32, "max_position_embeddings": 32,
+                                      "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, **kw})
+
+
+def _batch() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    mask = torch.zeros(3, 9, dtype=torch.long)
+    for row, n in enumerate((9, 4, 6)):
+        mask[row, :n] = 1
+    return {"input_ids": torch.randint(5, 50, (3, 9), generator=g) * mask, "attention_mask": mask,
+            "token_type_ids": torch.zeros(3, 9, dtype=torch.long), "labels": torch.tensor([0, 1, 1])}
+
+
+def _run(model: nn.Module, unpadded: bool, trains: bool = True):
+    """loss, logits and {name: grad} of one forward and backward as the Trainer runs it, padded or unpadded; and the
+    sequence lengths the first layer saw."""
+    model.zero_grad(set_to_none=True)
+    seen: list[tuple[int, ...]] = []
+    hook = model.base_model.encoder.layer[0].register_forward_pre_hook(lambda m, a: seen.append(tuple(a[0].shape)))
+    with cpu_kernels.used(model, "cpu", trains=trains), (unpadding.used(model, "cpu") if unpadded else nullcontext()):
+        out = model(**_batch())
+        out.loss.backward()
+    hook.remove()
+    return out.loss, out.logits, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}, seen
+
+
+@pytest.mark.parametrize("trains", [True, False])
+def test_the_layers_read_the_real_tokens_alone_and_the_loss_and_gradients_are_the_padded_ones(trains):
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(_config(num_labels=2)).train(trains)
+    model.set_attn_implementation("sdpa")
+    loss, logits, grads, seen = _run(model, unpadded=False, trains=trains)
+    loss_u, logits_u, grads_u, seen_u = _run(model, unpadded=True, trains=trains)
+    assert seen == [(3, 9, 16)] and seen_u == [(1, 19, 16)]  # 9 + 4 + 6 real tokens
+    assert torch.allclose(loss, loss_u, atol=1e-6) and torch.allclose(logits, logits_u, atol=1e-6)
+    assert grads.keys() == grads_u.keys() and len(grads) > 10
+    for name in grads:
+        assert torch.allclose(grads[name], grads_u[name], atol=1e-6), name
+    assert model.config._attn_implementation == "sdpa"  # put back
+    assert not model.base_model.encoder._forward_pre_hooks and not model.base_model.encoder._forward_hooks
+
+
+def test_a_masked_lm_keeps_every_real_tokens_logits_and_a_batch_without_padding_runs_as_it_is():
+    torch.manual_seed(0)
+    model = transformers.BertForMaskedLM(_config()).eval()
+    batch = _batch()
+    with torch.no_grad():
+        ref = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        with unpadding.used(model, "cpu"):
+            got = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            full = model(input_ids=batch["input_ids"][:1], attention_mask=batch["attention_mask"][:1]).logits
+        real = batch["attention_mask"].bool()
+        assert torch.allclose(ref[real], got[real], atol=1e-5)
+        assert torch.allclose(full, ref[:1], atol=1e-5)
+
+
+def test_only_a_training_that_reads_no_padded_position_runs_unpadded():
+    from distillery.layer_map import build_layer_map
+    from distillery.training.distill import Distiller
+    from distillery.training.spec import DistillSpec
+
+    cfg = _config(num_labels=2)
+    classifier = transformers.BertForSequenceClassification(cfg)
+    assert not unpadding.reads_padding(classifier) and not unpadding.reads_padding(transformers.BertForMaskedLM(cfg))
+    assert unpadding.reads_padding(transformers.BertForQuestionAnswering(cfg))  # its softmax runs over every position
+    assert unpadding.reads_padding(transformers.BertForSequenceClassification(_config(output_hidden_states=True)))
+    distil = transformers.DistilBertConfig(vocab_size=50, dim=16, n_layers=1, n_heads=2, hidden_dim=32)
+    assert unpadding.reads_padding(transformers.DistilBertForSequenceClassification(distil))  # not in ENCODERS
+    lm = build_layer_map("uniform", 1, 2)
+    teacher = transformers.BertForSequenceClassification(cfg)
+    student = transformers.BertForSequenceClassification(_config(num_labels=2, num_hidden_layers=1))
+    prediction = Distiller(student, teacher, DistillSpec({"prediction_loss": 1.0}, "prediction", lm))
+    assert not prediction.reads_internals and not unpadding.reads_padding(prediction)
+    layer_wise = Distiller(student, teacher, DistillSpec({"attention_loss": 1.0, "hidden_loss": 1.0},
+                                                         "intermediate", lm))
+    assert layer_wise.reads_internals and unpadding.reads_padding(layer_wise)  # TinyBERT's official losses do
+
+
+def test_nothing_changes_off_the_cpu_or_for_none():
+    model = transformers.BertForSequenceClassification(_config(num_labels=2))
+    model.set_attn_implementation("sdpa")
+    with unpadding.used(model, "meta"), unpadding.used(None, "cpu"):
+        assert model.config._attn_implementation == "sdpa" and not model.base_model.encoder._forward_pre_hooks
