@@ -37,6 +37,8 @@ def test_a_step_counts_the_students_forward_three_times_and_the_teachers_once_wh
     assert count({"input_ids": ids, "attention_mask": mask}) == 4 * 3 * s
     assert (count.steps, count.tokens, count.padded) == (2, 96, 24)
     assert count({"labels": torch.zeros(4)}) == 0.0 and count.steps == 2  # nothing the counter knows
+    unpadded = StepFlops(student, teacher, unpadded=True)  # the layers ran on the 9 real tokens of 12 alone
+    assert unpadded({"input_ids": ids, "attention_mask": mask}) == pytest.approx(4 * (3 * s + t) * 9 / 12)
 
 
 def test_the_ceiling_is_measured_once_per_process_and_a_runs_share_of_it_is_reported():

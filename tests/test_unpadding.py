@@ -99,5 +99,8 @@ def test_only_a_training_that_reads_no_padded_position_runs_unpadded():
 def test_nothing_changes_off_the_cpu_or_for_none():
     model = transformers.BertForSequenceClassification(_config(num_labels=2))
     model.set_attn_implementation("sdpa")
-    with unpadding.used(model, "meta"), unpadding.used(None, "cpu"):
+    with unpadding.used(model, "meta") as here, unpadding.used(None, "cpu") as none:
         assert model.config._attn_implementation == "sdpa" and not model.base_model.encoder._forward_pre_hooks
+        assert not here and not none
+    with unpadding.used(model, "cpu") as cpu:
+        assert cpu and model.config._attn_implementation == unpadding.ATTENTION

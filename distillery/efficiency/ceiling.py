@@ -142,12 +142,15 @@ class StepFlops:
     """A training step's FLOPs from its inputs (the Trainer's `floating_point_ops`): the student's forward counted
     three times (its backward is two more products of every forward one), the teacher's once when `teacher_runs`
     says it ran for these inputs. Keeps the totals it counted (FLOPs, steps, tokens, padded positions) for
-    `utilisation`. A model type whose FLOPs are not counted counts 0."""
+    `utilisation`. A model type whose FLOPs are not counted counts 0. `unpadded`: the models run on the real tokens
+    alone (`distillery.training.unpadding`), so a batch counts the share of its positions that are real (the
+    attention, which runs padded, is a few percent of a step at GLUE's lengths and goes uncounted)."""
 
     def __init__(self, student: Any, teacher: Any = None,
-                 teacher_runs: Callable[[Mapping[str, Any]], bool] | None = None) -> None:
+                 teacher_runs: Callable[[Mapping[str, Any]], bool] | None = None, unpadded: bool = False) -> None:
         self.student, self.teacher = student, teacher
         self.teacher_runs = teacher_runs or (lambda inputs: teacher is not None)
+        self.unpadded = unpadded
         self.flops = 0.0
         self.steps = self.tokens = self.padded = 0
         self._configs: dict[int, dict] = {}
@@ -172,9 +175,12 @@ class StepFlops:
         if self.teacher is not None and self.teacher_runs(inputs):
             flops += batch * self._model(self.teacher, length)
         mask = inputs.get("attention_mask")
+        padded = int((mask == 0).sum()) if mask is not None else 0
+        if self.unpadded:
+            flops *= 1 - padded / (batch * length)
         self.steps += 1
         self.tokens += batch * length
-        self.padded += int((mask == 0).sum()) if mask is not None else 0
+        self.padded += padded
         self.flops += flops
         return float(flops)
 

@@ -73,9 +73,8 @@ def train_and_export(
     with _collect_only_new_objects(targs.device), ExitStack() as kernels:
         for m, trains in ((model, True), (teacher, False)):  # on a CPU: cheaper dropout, attention, bias
             kernels.enter_context(cpu_kernels.used(m, targs.device, trains=trains))
-        if not unpadding.reads_padding(model):  # on a CPU: the layers on the real tokens alone
-            for m in (model, teacher):
-                kernels.enter_context(unpadding.used(m, targs.device))
+        if not unpadding.reads_padding(model):  # on a CPU: the layers on the real tokens alone, counted so
+            counted.unpadded = any([kernels.enter_context(unpadding.used(m, targs.device)) for m in (model, teacher)])
         trainer.train(resume_from_checkpoint=last_checkpoint(run.output_dir) if run.resume else None)
     seconds = time.perf_counter() - started
     metrics = trainer.evaluate() if evaluate else None

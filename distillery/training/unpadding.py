@@ -145,11 +145,12 @@ def _register() -> None:
 
 
 @contextmanager
-def used(model: nn.Module | None, device: torch.device | str) -> Iterator[None]:
+def used(model: nn.Module | None, device: torch.device | str) -> Iterator[bool]:
     """Within the block, every encoder of `model` in `ENCODERS` runs unpadded on a CPU (`device`), unless compiled;
-    all put back on exit. The caller decides that nothing its training reads is padded (`reads_padding`)."""
+    all put back on exit. Yields whether one does. The caller decides that nothing its training reads is padded
+    (`reads_padding`)."""
     if model is None or torch.device(device).type != "cpu":
-        yield
+        yield False
         return
     hooks: list[Any] = []
     switched: list[tuple[nn.Module, str]] = []
@@ -170,7 +171,7 @@ def used(model: nn.Module | None, device: torch.device | str) -> Iterator[None]:
             hooks.append(encoder.register_forward_hook(_scatter, with_kwargs=True))
             switched.append((module, config._attn_implementation))
             module.set_attn_implementation(ATTENTION)
-        yield
+        yield bool(switched)
     finally:
         for hook in hooks:
             hook.remove()
