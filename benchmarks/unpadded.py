@@ -7,11 +7,11 @@ read them; --layers 3 for its student), max length 64, batch 32, a sequence clas
 backward and fused AdamW, as the pipeline's Trainer runs it (`distillery.training.cpu_kernels`, bf16 autocast,
 `distillery.runtime.steady_allocator`). For SST-2 and CoLA, --batches random batches of the real training split
 (../shared/data/glue; generated sentences without it), each padded to its longest sentence as the pipeline's
-collator pads them; the two forms interleaved (padded, unpadded, unpadded, padded, ...) after a warm-up, the median
-of the time of each form's pass over the batches, and the p10-p90 of the paired padded/unpadded ratios.
+collator pads them; the two forms interleaved (padded, unpadded, unpadded, padded, ...) after a warm-up: the median
+step time of each form's passes over the batches, and the median [p10-p90] of the paired padded/unpadded ratios.
 
-Last line: ``gain_sst2: X gain_cola: Y padded_sst2: P padded_cola: Q`` (the padded step's time over the unpadded
-one's; the share of padded positions in the batches).
+Last line: ``gain_sst2: X gain_cola: Y padded_sst2: P padded_cola: Q`` (the median paired ratio of the padded step's
+time over the unpadded one's; the share of padded positions in the batches).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 times[name].append(time.perf_counter() - t0)
         ratios = sorted(a / b for a, b in zip(times["padded"], times["unpadded"]))
         med = {k: 1000 * statistics.median(v) / args.batches for k, v in times.items()}
-        gain = med["padded"] / med["unpadded"]
+        gain = statistics.median(ratios)
         lo, hi = ratios[int(0.1 * (len(ratios) - 1))], ratios[round(0.9 * (len(ratios) - 1))]
         print(f"{task}: {padded:.1%} of the positions padded; a step padded {med['padded']:.0f} ms, unpadded "
               f"{med['unpadded']:.0f} ms: {gain:.2f}x [{lo:.2f}-{hi:.2f}]", flush=True)
