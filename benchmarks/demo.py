@@ -1,6 +1,6 @@
 """The demo's claim, checked: the README's demo line against fresh runs of the demo, run to run.
 
-Run before every stop that touches training (it takes one demo run per `--runs`, about 7 minutes each on 2 cores):
+Run before every stop that touches training (it takes one demo run per `--runs`, about 12 minutes each on 2 cores):
 
     python -m benchmarks.demo [--runs 2] [--workdir DIR] [--params params.yaml] [--write]
 
