@@ -133,16 +133,27 @@ def attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, atte
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
-def _register() -> None:
-    """`attention` under the name `ATTENTION`, with the boolean masks transformers makes for SDPA (a name without a
-    mask function of its own gets no mask at all)."""
+def register_attention(name: str, function: Any) -> None:
+    """`function` as transformers' attention implementation `name`, with the boolean masks transformers makes for
+    SDPA (a name without a mask function of its own gets no mask at all); once."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    if ATTENTION not in AttentionInterface._global_mapping:
-        AttentionInterface.register(ATTENTION, attention)
-    if ATTENTION not in AttentionMaskInterface._global_mapping:
-        AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+    if name not in AttentionInterface._global_mapping:
+        AttentionInterface.register(name, function)
+    if name not in AttentionMaskInterface._global_mapping:
+        AttentionMaskInterface.register(name, sdpa_mask)
+
+
+def outermost_models(model: nn.Module) -> Iterator[tuple[nn.Module, Any]]:
+    """(module, its config) for the outermost transformers model of each config inside `model` (a ``*For*`` model
+    and its base model share one; a Distiller holds its student), in module order."""
+    seen: set[int] = set()
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if hasattr(module, "set_attn_implementation") and id(config) not in seen:
+            seen.add(id(config))
+            yield module, config
 
 
 def _low_precision_stream(_module: nn.Module, _args: Any, output: Any) -> Tensor | None:
@@ -180,18 +191,13 @@ def used(model: nn.Module | None, device: torch.device | str, trains: bool = Tru
                     replacement.train(child.training)
                     setattr(module, name, replacement)
                     swapped.append((module, name, child))
-        seen: set[int] = set()
-        for module in model.modules():  # the outermost model of each config (a Distiller holds its student)
-            config = getattr(module, "config", None)
-            if not hasattr(module, "set_attn_implementation") or id(config) in seen:
-                continue
-            seen.add(id(config))
+        for module, config in outermost_models(model):
             if getattr(config, "model_type", None) not in BERT_ATTENTION:
                 continue
             hooks.append(model_parts(module).embeddings.register_forward_hook(_low_precision_stream))
             before = getattr(config, "_attn_implementation", None)
             if trains and before in ("eager", "sdpa"):
-                _register()
+                register_attention(ATTENTION, attention)
                 module.set_attn_implementation(ATTENTION)
                 switched.append((module, before))
         yield
@@ -208,4 +214,4 @@ def used(model: nn.Module | None, device: torch.device | str, trains: bool = Tru
 
 
 __all__ = ["ATTENTION", "BERT_ATTENTION", "Dropout", "LEVELS", "Linear", "attention", "bias_after_matmul",
-           "drop_levels", "dropout", "keep_mask", "used"]
+           "drop_levels", "dropout", "keep_mask", "outermost_models", "register_attention", "used"]

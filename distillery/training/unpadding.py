@@ -133,17 +133,6 @@ def reads_padding(model: nn.Module | None) -> bool:
                 and not getattr(config, "output_attentions", False))
 
 
-def _register() -> None:
-    """`attention` under the name `ATTENTION`, with the boolean masks transformers makes for SDPA."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    if ATTENTION not in AttentionInterface._global_mapping:
-        AttentionInterface.register(ATTENTION, attention)
-    if ATTENTION not in AttentionMaskInterface._global_mapping:
-        AttentionMaskInterface.register(ATTENTION, sdpa_mask)
-
-
 @contextmanager
 def used(model: nn.Module | None, device: torch.device | str) -> Iterator[bool]:
     """Within the block, every encoder of `model` in `ENCODERS` runs unpadded on a CPU (`device`), unless compiled;
@@ -155,18 +144,12 @@ def used(model: nn.Module | None, device: torch.device | str) -> Iterator[bool]:
     hooks: list[Any] = []
     switched: list[tuple[nn.Module, str]] = []
     try:
-        seen: set[int] = set()
-        for module in model.modules():  # the outermost model of each config (a Distiller holds its student)
-            config = getattr(module, "config", None)
-            if not hasattr(module, "set_attn_implementation") or id(config) in seen \
-                    or getattr(config, "model_type", None) not in ENCODERS \
+        for module, config in cpu_kernels.outermost_models(model):
+            encoder = getattr(module.base_model, "encoder", None)
+            if getattr(config, "model_type", None) not in ENCODERS or encoder is None \
                     or getattr(module, "_compiled_call_impl", None) is not None:
                 continue
-            seen.add(id(config))
-            encoder = getattr(module.base_model, "encoder", None)
-            if encoder is None:
-                continue
-            _register()
+            cpu_kernels.register_attention(ATTENTION, attention)
             hooks.append(encoder.register_forward_pre_hook(_gather, with_kwargs=True))
             hooks.append(encoder.register_forward_hook(_scatter, with_kwargs=True))
             switched.append((module, config._attn_implementation))
