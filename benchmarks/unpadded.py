@@ -1,4 +1,5 @@
-"""A task's fine-tuning step padded and unpadded (`distillery.training.unpadding`), side by side in one run.
+"""A task's fine-tuning step padded, unpadded, and unpadded with its attention in length groups
+(`distillery.training.unpadding`), side by side in one run.
 
     python -m benchmarks.unpadded [--reps 5] [--batches 8] [--layers 6] [--precision bf16]
 
@@ -7,11 +8,14 @@ read them; --layers 3 for its student), max length 64, batch 32, a sequence clas
 backward and fused AdamW, as the pipeline's Trainer runs it (`distillery.training.cpu_kernels`, bf16 autocast,
 `distillery.runtime.steady_allocator`). For SST-2 and CoLA, --batches random batches of the real training split
 (../shared/data/glue; generated sentences without it), each padded to its longest sentence as the pipeline's
-collator pads them; the two forms interleaved (padded, unpadded, unpadded, padded, ...) after a warm-up: the median
-step time of each form's passes over the batches, and the median [p10-p90] of the paired padded/unpadded ratios.
+collator pads them. Three forms: padded; unpadded with the attention of the whole batch padded to its longest sentence
+(``--group-cost inf``); unpadded with the attention in length groups (`unpadding.groups`, `unpadding.GROUP_COST` or
+--group-cost). Interleaved (one order, then the reverse) after a warm-up: the median step time of each form's passes
+over the batches, and the median [p10-p90] of the paired ratios.
 
-Last line: ``gain_sst2: X gain_cola: Y padded_sst2: P padded_cola: Q`` (the median paired ratio of the padded step's
-time over the unpadded one's; the share of padded positions in the batches).
+Last line: ``gain_sst2: X gain_cola: Y grouping_sst2: G grouping_cola: H padded_sst2: P padded_cola: Q`` (the median
+paired ratio of the padded step's time over the grouped unpadded one's; of the one-group unpadded step's over the
+grouped one's; the share of padded positions in the batches).
 """
 
 from __future__ import annotations
@@ -57,24 +61,36 @@ def tokenizer():
     return bert_tokenizer()
 
 
-def passes(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]], form: str) -> dict[str, Callable[[], None]]:
-    """One training pass over `batches` padded and one unpadded."""
+def passes(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]], form: str,
+           group_cost: float = unpadding.GROUP_COST) -> dict[str, Callable[[], None]]:
+    """One training pass over `batches` padded, one unpadded with one attention group, one unpadded in groups."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
 
-    def run(unpadded: bool) -> Callable[[], None]:
+    def run(unpadded: bool, cost: float = group_cost) -> Callable[[], None]:
         def go() -> None:
             precision.fast_attention(model, "cpu", form, training=True)
-            with cpu_kernels.used(model, "cpu"), (unpadding.used(model, "cpu") if unpadded else nullcontext()):
-                for batch in batches:
-                    with precision.autocast("cpu", form):
-                        loss = model(**batch).loss
-                    loss.backward()
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
+            before, unpadding.GROUP_COST = unpadding.GROUP_COST, cost
+            try:
+                with cpu_kernels.used(model, "cpu"), (unpadding.used(model, "cpu") if unpadded else nullcontext()):
+                    for batch in batches:
+                        with precision.autocast("cpu", form):
+                            loss = model(**batch).loss
+                        loss.backward()
+                        opt.step()
+                        opt.zero_grad(set_to_none=True)
+            finally:
+                unpadding.GROUP_COST = before
 
         return go
 
-    return {"padded": run(False), "unpadded": run(True)}
+    return {"padded": run(False), "one group": run(True, float("inf")), "grouped": run(True)}
+
+
+def _paired(before: list[float], after: list[float]) -> tuple[float, float, float]:
+    """The median, p10 and p90 of the paired ratios before / after."""
+    ratios = sorted(a / b for a, b in zip(before, after))
+    return (statistics.median(ratios), ratios[int(0.1 * (len(ratios) - 1))],
+            ratios[round(0.9 * (len(ratios) - 1))])
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -83,6 +99,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("--batches", type=int, default=8)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp32"))
+    p.add_argument("--group-cost", type=float, default=unpadding.GROUP_COST)
     args = p.parse_args(argv)
     transformers.logging.set_verbosity_error()
     tok = tokenizer()
@@ -102,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         model = transformers.BertForSequenceClassification(transformers.BertConfig(
             vocab_size=len(tok), num_hidden_layers=args.layers, hidden_size=384, num_attention_heads=12,
             intermediate_size=1536, num_labels=2)).train()
-        fns = passes(model, batches, args.precision)
+        fns = passes(model, batches, args.precision, args.group_cost)
         for fn in fns.values():
             fn()
         times: dict[str, list[float]] = {name: [] for name in fns}
@@ -111,15 +128,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 t0 = time.perf_counter()
                 fns[name]()
                 times[name].append(time.perf_counter() - t0)
-        ratios = sorted(a / b for a, b in zip(times["padded"], times["unpadded"]))
         med = {k: 1000 * statistics.median(v) / args.batches for k, v in times.items()}
-        gain = statistics.median(ratios)
-        lo, hi = ratios[int(0.1 * (len(ratios) - 1))], ratios[round(0.9 * (len(ratios) - 1))]
+        gain, lo, hi = _paired(times["padded"], times["grouped"])
+        grouping, glo, ghi = _paired(times["one group"], times["grouped"])
         print(f"{task}: {padded:.1%} of the positions padded; a step padded {med['padded']:.0f} ms, unpadded "
-              f"{med['unpadded']:.0f} ms: {gain:.2f}x [{lo:.2f}-{hi:.2f}]", flush=True)
-        out[f"gain_{task}"], out[f"padded_{task}"] = gain, padded
-    print(" ".join(f"gain_{t}: {out[f'gain_{t}']:.2f}" for t in TASKS) + " "
-          + " ".join(f"padded_{t}: {out[f'padded_{t}']:.3f}" for t in TASKS))
+              f"{med['one group']:.0f} ms, unpadded in length groups {med['grouped']:.0f} ms: "
+              f"{gain:.2f}x [{lo:.2f}-{hi:.2f}] (length groups {grouping:.2f}x [{glo:.2f}-{ghi:.2f}])", flush=True)
+        out[f"gain_{task}"], out[f"grouping_{task}"], out[f"padded_{task}"] = gain, grouping, padded
+    print(" ".join(f"{k}_{t}: {out[f'{k}_{t}']:.{3 if k == 'padded' else 2}f}"
+                   for k in ("gain", "grouping", "padded") for t in TASKS))
     return out
 
 

@@ -45,7 +45,10 @@ def _run(model: nn.Module, unpadded: bool, trains: bool = True):
 
 
 @pytest.mark.parametrize("trains", [True, False])
-def test_the_layers_read_the_real_tokens_alone_and_the_loss_and_gradients_are_the_padded_ones(trains):
+@pytest.mark.parametrize("group_cost", [float("inf"), 0.0])  # the attention in one group, in one per length
+def test_the_layers_read_the_real_tokens_alone_and_the_loss_and_gradients_are_the_padded_ones(trains, group_cost,
+                                                                                            monkeypatch):
+    monkeypatch.setattr(unpadding, "GROUP_COST", group_cost)
     torch.manual_seed(0)
     model = transformers.BertForSequenceClassification(_config(num_labels=2)).train(trains)
     model.set_attn_implementation("sdpa")
@@ -72,6 +75,63 @@ def test_a_masked_lm_keeps_every_real_tokens_logits_and_a_batch_without_padding_
         real = batch["attention_mask"].bool()
         assert torch.allclose(ref[real], got[real], atol=1e-5)
         assert torch.allclose(full, ref[:1], atol=1e-5)
+
+
+def _brute_force(lengths: list[int], cost: float) -> float:
+    """The least cost of any split of the sentences sorted longest first into consecutive groups."""
+    order = sorted(lengths, reverse=True)
+    best = float("inf")
+    for cuts in range(1 << (len(order) - 1)):
+        total, start = 0.0, 0
+        for i in range(1, len(order) + 1):
+            if i == len(order) or cuts >> (i - 1) & 1:
+                total += (i - start) * order[start] ** 2 + cost
+                start = i
+        best = min(best, total)
+    return best
+
+
+def test_length_groups_are_the_cheapest_split_of_the_sorted_sentences():
+    rng = torch.Generator().manual_seed(0)
+    for cost in (0.0, 50.0, 400.0, 1e9):
+        for _ in range(20):
+            lengths = torch.randint(1, 30, (int(torch.randint(1, 9, (1,), generator=rng)),), generator=rng).tolist()
+            got = unpadding.groups(lengths, cost)
+            assert sorted(i for g in got for i in g) == list(range(len(lengths)))  # each sentence once
+            assert all(lengths[g[0]] == max(lengths[i] for i in g) for g in got)  # led by its longest
+            total = sum(len(g) * lengths[g[0]] ** 2 + cost for g in got)
+            assert total == pytest.approx(_brute_force(lengths, cost))
+    assert unpadding.groups([3, 9, 3, 5], float("inf")) == [[1, 3, 0, 2]]  # one group, longest first, ties in order
+    assert unpadding.groups([3, 9, 3, 5], 0.0) == [[1], [3], [0, 2]]
+
+
+def test_length_groups_lay_out_each_sentences_real_tokens_from_their_first_position():
+    real = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [1, 0, 1, 0, 0]], dtype=torch.bool)  # left, none, holes
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(unpadding, "GROUP_COST", 0.0)
+        tokens = unpadding._Tokens.of(real)
+    assert tokens.shapes == ((1, 5), (1, 3), (1, 2))
+    x = torch.arange(1, 11, dtype=torch.float32).view(1, 1, 10, 1)  # the 10 real tokens, one head of width 1
+    grouped = tokens.grouped(x)
+    assert [g.flatten().tolist() for g in grouped] == [[4, 5, 6, 7, 8], [1, 2, 3], [9, 10]]
+    assert [m.flatten().tolist() for m in tokens.masks] == [[True] * 5, [True] * 3, [True, True]]
+    outs = [g.transpose(1, 2) for g in grouped]  # (n, L, H, d), as the attention gives them
+    assert torch.equal(tokens.ungrouped(outs), x.transpose(1, 2))
+
+
+def test_a_left_padded_batch_runs_unpadded_as_it_runs_padded(monkeypatch):
+    monkeypatch.setattr(unpadding, "GROUP_COST", 0.0)
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(_config(num_labels=2)).eval()
+    batch = _batch()
+    mask = batch["attention_mask"].flip(1)
+    ids = batch["input_ids"].flip(1)
+    with torch.no_grad():  # the real tokens' last hidden states (the [CLS] position is padding here)
+        ref = model.bert(input_ids=ids, attention_mask=mask).last_hidden_state
+        with unpadding.used(model, "cpu"):
+            got = model.bert(input_ids=ids, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    assert torch.allclose(ref[real], got[real], atol=1e-5) and not got[~real].any()
 
 
 def test_only_a_training_that_reads_no_padded_position_runs_unpadded():

@@ -5,11 +5,12 @@ longest: 50-70% of the positions of the local preset's batches are padding. Ever
 query, key, value and output projections, the feed-forward network, LayerNorm, dropout, the residual adds) does as
 much work on a padded position as on a real one. Here, as in MosaicBERT and ModernBERT, the encoder reads the real
 tokens alone, as one (1, N, D) sequence: a forward pre-hook on the encoder gathers them from the embeddings' (B, T, D)
-output; each layer's attention (`attention`) puts its queries, keys and values back in their sentences' (B, H, T, d)
-layout, runs the attention the model ran before on it (`distillery.training.cpu_kernels.attention` for a model that
-trains, PyTorch's fused SDPA for one that infers; padded keys masked as before) and gathers its output again; and a
-forward hook on the encoder scatters the last hidden state back to (B, T, D), zero at the padded positions, for the
-pooler and the heads.
+output; each layer's attention (`attention`) lays its queries, keys and values out by sentence in length groups
+(`groups`: the sentences sorted by length and cut where a group's attention padded to its own longest sentence
+saves more than a group costs, so short sentences no longer pay for the batch's longest), runs the attention the
+model ran before on each group (`distillery.training.cpu_kernels.attention` for a model that trains, PyTorch's fused
+SDPA for one that infers; padded keys masked as before) and gathers its output again; and a forward hook on the
+encoder scatters the last hidden state back to (B, T, D), zero at the padded positions, for the pooler and the heads.
 
 A real token's value is the padded forward's: the same products of the same operands (tests/test_unpadding.py holds
 logits and gradients to float32 rounding). A padded position's is not (zero, where a padded forward computes values
@@ -17,10 +18,11 @@ nothing should read), so `reads_padding` allows unpadding only for a training wh
 a sequence classifier's (its [CLS] token), a masked LM's (labels on real tokens), and a distillation whose
 objectives read logits only (TinyBERT's official attention and hidden-state losses read padded positions, as the
 paper's code does, and every captured internal is kept in its padded layout). Dropout draws its masks for the real
-tokens only: an unpadded run draws other masks than a padded one, from the same distribution, and the same seed
-gives the same run.
+tokens only (and the attention's for each group's layout): an unpadded run draws other masks than a padded one,
+from the same distribution, and the same seed gives the same run.
 
-`python -m benchmarks.unpadded` times a fine-tuning step both ways on real GLUE batches, side by side.
+`python -m benchmarks.unpadded` times a fine-tuning step padded, unpadded, and unpadded with the attention in one
+group, on real GLUE batches, side by side.
 """
 
 from __future__ import annotations
@@ -43,20 +45,82 @@ ENCODERS = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra"})
 HEADS = ("ForSequenceClassification", "ForMaskedLM", "ForPreTraining")
 
 
+#: what the attention of one more length group costs, in the unit of its work (sentences x length^2): `groups`
+#: starts a new group where it saves more than this (`python -m benchmarks.unpadded --group-cost C` measures a value)
+GROUP_COST = 8192
+
+
+def groups(lengths: list[int], cost: float | None = None) -> list[list[int]]:
+    """The sentences of a batch (their `lengths`) in length groups whose attentions cost least: each group is padded
+    to its longest sentence and costs ``len(group) * longest**2 + cost`` (`GROUP_COST` by default). The sentences sorted longest first (ties in
+    batch order), cut where an exact dynamic programme over the sorted order says; a list of groups of indices."""
+    cost = GROUP_COST if cost is None else cost
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    n = len(order)
+    best = [0.0] + [float("inf")] * n  # best[j]: the least cost of the first j sorted sentences
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):  # the last group: sorted sentences i..j-1, padded to the longest, sentence i's
+            c = best[i] + (j - i) * lengths[order[i]] ** 2 + cost
+            if c < best[j]:
+                best[j], cut[j] = c, i
+    out: list[list[int]] = []
+    j = n
+    while j:
+        out.append(order[cut[j]:j])
+        j = cut[j]
+    return out[::-1]
+
+
 @dataclass(frozen=True)
 class _Tokens:
-    """The real tokens of a (B, T) batch: their flat positions ``index`` (N,) in B x T."""
+    """The real tokens of a (B, T) batch: their flat positions ``index`` (N,) in B x T; and, for the attention, their
+    places ``slots`` (N,) in the length groups' padded layouts laid end to end (`groups`), each group's (n, L) shape
+    and its (n, 1, 1, L) mask of real keys."""
 
     index: Tensor
     batch: int
     length: int
+    slots: Tensor
+    shapes: tuple[tuple[int, int], ...]
+    masks: tuple[Tensor, ...]
 
-    def padded(self, x: Tensor) -> Tensor:
-        """(1, H, N, d) per-head tokens -> (B, H, T, d), zero at padded positions."""
+    @classmethod
+    def of(cls, real: Tensor) -> "_Tokens":
+        """The real tokens of a batch whose (B, T) boolean mask is `real` (a sentence's real tokens need not be a
+        prefix: each group lays them out from its first position, in their order)."""
+        b, t = real.shape
+        index = real.reshape(-1).nonzero().squeeze(1)
+        lengths = real.sum(1)
+        start, shapes, masks = [0] * b, [], []
+        offset = 0
+        for group in groups(lengths.tolist()):
+            longest = int(lengths[group[0]])
+            if longest == 0:  # sentences without a real token: nothing to attend
+                continue
+            for slot, i in enumerate(group):
+                start[i] = offset + slot * longest
+            shapes.append((len(group), longest))
+            masks.append((torch.arange(longest) < lengths[group, None]).view(len(group), 1, 1, longest))
+            offset += len(group) * longest
+        rank = (real.cumsum(1) - 1).reshape(-1).index_select(0, index)  # each token's place in its sentence
+        slots = torch.tensor(start).index_select(0, index // t) + rank
+        return cls(index, b, t, slots, tuple(shapes), tuple(masks))
+
+    def grouped(self, x: Tensor) -> list[Tensor]:
+        """(1, H, N, d) per-head tokens -> each length group's (n, H, L, d), zero at padded positions."""
         heads, d = x.shape[1], x.shape[3]
         flat = x.transpose(1, 2).reshape(-1, heads * d)
-        out = flat.new_zeros(self.batch * self.length, heads * d).index_copy(0, self.index, flat)
-        return out.view(self.batch, self.length, heads, d).transpose(1, 2)
+        size = sum(n * length for n, length in self.shapes)
+        out = flat.new_zeros(size, heads * d).index_copy(0, self.slots, flat)
+        return [part.view(n, length, heads, d).transpose(1, 2)
+                for part, (n, length) in zip(out.split([n * length for n, length in self.shapes]), self.shapes)]
+
+    def ungrouped(self, outs: list[Tensor]) -> Tensor:
+        """Each length group's (n, L, H, d) output -> the real tokens' (1, N, H, d)."""
+        heads, d = outs[0].shape[2:]
+        flat = torch.cat([o.reshape(-1, heads * d) for o in outs]) if len(outs) > 1 else outs[0].reshape(-1, heads * d)
+        return flat.index_select(0, self.slots).view(1, -1, heads, d)
 
     def gathered(self, x: Tensor) -> Tensor:
         """(B, T, ...) -> (1, N, ...): the real tokens."""
@@ -75,18 +139,19 @@ _TOKENS: contextvars.ContextVar[_Tokens | None] = contextvars.ContextVar("distil
 
 def attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
               **kwargs: Any) -> tuple[Tensor, Tensor | None]:
-    """The attention of an unpadded forward: (1, H, N, d) queries, keys and values put back in their sentences'
-    layout, `cpu_kernels.attention` (a module that trains) or PyTorch's SDPA (one that infers) with the batch's
-    (B, 1, T, T) mask, and the output's real tokens, (1, N, H, d); outside one, the same attention as it is."""
+    """The attention of an unpadded forward: (1, H, N, d) queries, keys and values laid out by sentence in each length
+    group's padded (n, H, L, d) layout, `cpu_kernels.attention` (a module that trains) or PyTorch's SDPA (one that
+    infers) on each group with its mask of real keys, and the output's real tokens, (1, N, H, d) (no probabilities:
+    nothing unpadded reads them); outside an unpadded forward, the same attention as it is."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     inner = cpu_kernels.attention if module.training else ALL_ATTENTION_FUNCTIONS["sdpa"]
     tokens = _TOKENS.get()
     if tokens is None:
         return inner(module, query, key, value, attention_mask, **kwargs)
-    out, weights = inner(module, tokens.padded(query), tokens.padded(key), tokens.padded(value), attention_mask,
-                         **kwargs)
-    return tokens.gathered(out), weights
+    outs = [inner(module, q, k, v, mask, **kwargs)[0] for q, k, v, mask in
+            zip(tokens.grouped(query), tokens.grouped(key), tokens.grouped(value), tokens.masks)]
+    return tokens.ungrouped(outs), None
 
 
 def _gather(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
@@ -101,7 +166,7 @@ def _gather(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]
     b, t = hidden.shape[:2]
     if mask.shape[0] != b or mask.shape[-1] != t:
         return None
-    tokens = _Tokens(mask[:, 0, 0, :].reshape(-1).nonzero().squeeze(1), b, t)  # each query row: the real keys
+    tokens = _Tokens.of(mask[:, 0, 0, :])  # each query row of the mask: the real keys
     _TOKENS.set(tokens)
     return (tokens.gathered(hidden), *args[1:]), kwargs
 
