@@ -164,3 +164,29 @@ def test_nothing_changes_off_the_cpu_or_for_none():
         assert not here and not none
     with unpadding.used(model, "cpu") as cpu:
         assert cpu and model.config._attn_implementation == unpadding.ATTENTION
+
+
+def test_a_classifiers_inference_forwards_run_unpadded_and_give_its_padded_logits():
+    from distillery import evaluation
+
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(_config(num_labels=2)).eval()
+    batch = _batch()
+    rows = [{"input_ids": ids[m.bool()].tolist(), "attention_mask": [1] * int(m.sum())}
+            for ids, m in zip(batch["input_ids"], batch["attention_mask"])]
+    import datasets
+
+    class _Tok:  # pads as a tokenizer's collator does (DataCollatorWithPadding calls tokenizer.pad)
+        def pad(self, features, **_):
+            t = max(len(f["input_ids"]) for f in features)
+            return {k: torch.tensor([f[k] + [0] * (t - len(f[k])) for f in features]) for k in features[0]}
+
+    with torch.no_grad():
+        ref = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    seen: list[tuple[int, ...]] = []
+    model.base_model.encoder.layer[0].register_forward_pre_hook(lambda m, a: seen.append(tuple(a[0].shape)))
+    got = evaluation.predict_logits(model, _Tok(), datasets.Dataset.from_list(rows))
+    assert seen == [(1, 19, 16)] and torch.allclose(torch.from_numpy(got), ref, atol=1e-5)
+    qa = transformers.BertForQuestionAnswering(_config())
+    with unpadding.inferring(qa, "cpu") as unpadded:  # its softmax over positions reads every one
+        assert not unpadded and qa.config._attn_implementation != unpadding.ATTENTION

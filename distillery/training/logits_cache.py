@@ -25,6 +25,7 @@ from transformers import DataCollatorWithPadding, PreTrainedModel, default_data_
 
 from distillery import precision
 from distillery.io import atomic_path
+from distillery.training import unpadding
 from distillery.training.args import dataloader_kwargs
 
 INPUT_COLUMNS = ("input_ids", "attention_mask", "token_type_ids")
@@ -93,7 +94,8 @@ def compute_teacher_logits(
                         **dataloader_kwargs(device))
     out = []
     try:
-        with precision.forwards(teacher, device), torch.random.fork_rng(devices=[]):
+        with precision.forwards(teacher, device), unpadding.inferring(teacher, device), \
+                torch.random.fork_rng(devices=[]):
             for batch in tqdm(loader, desc="teacher logits", disable=not progress):
                 batch = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k in accepted}
                 out.append(teacher(**batch).logits.float())  # on the device: no wait for it each batch

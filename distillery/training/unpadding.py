@@ -21,6 +21,9 @@ paper's code does, and every captured internal is kept in its padded layout). Dr
 tokens only (and the attention's for each group's layout): an unpadded run draws other masks than a padded one,
 from the same distribution, and the same seed gives the same run.
 
+Training enters it where `reads_padding` allows (`distillery.training.trainer`); so do a sequence classifier's
+inference forwards (`inferring`: dev scores, test predictions, the teacher-logits cache).
+
 `python -m benchmarks.unpadded` times a fine-tuning step padded, unpadded, and unpadded with the attention in one
 group, on real GLUE batches, side by side.
 """
@@ -228,4 +231,15 @@ def used(model: nn.Module | None, device: torch.device | str) -> Iterator[bool]:
         _TOKENS.set(None)
 
 
-__all__ = ["ATTENTION", "ENCODERS", "HEADS", "attention", "reads_padding", "used"]
+@contextmanager
+def inferring(model: nn.Module | None, device: torch.device | str) -> Iterator[bool]:
+    """Within the block, `model`'s inference forwards on a CPU run unpadded where nothing its outputs give is read
+    from a padded position (`reads_padding`: a sequence classifier's logits); yields whether they do."""
+    if reads_padding(model):
+        yield False
+        return
+    with used(model, device) as unpadded:
+        yield unpadded
+
+
+__all__ = ["ATTENTION", "ENCODERS", "GROUP_COST", "HEADS", "attention", "groups", "inferring", "reads_padding", "used"]
