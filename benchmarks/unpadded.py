@@ -13,9 +13,14 @@ collator pads them. Three forms: padded; unpadded with the attention of the whol
 --group-cost). Interleaved (one order, then the reverse) after a warm-up: the median step time of each form's passes
 over the batches, and the median [p10-p90] of the paired ratios.
 
-Last line: ``gain_sst2: X gain_cola: Y grouping_sst2: G grouping_cola: H padded_sst2: P padded_cola: Q`` (the median
-paired ratio of the padded step's time over the grouped unpadded one's; of the one-group unpadded step's over the
-grouped one's; the share of padded positions in the batches).
+And inference as the evaluate stage and the teacher-logits cache run it (`distillery.evaluation.predict_logits`,
+batches of 64 in the data's order, bf16 autocast, SDPA): the same sentences padded and unpadded
+(`unpadding.inferring`), interleaved likewise.
+
+Last line: ``gain_sst2: X gain_cola: Y grouping_sst2: G grouping_cola: H infer_gain_sst2: I infer_gain_cola: J
+padded_sst2: P padded_cola: Q`` (the median paired ratio of the padded step's time over the grouped unpadded one's;
+of the one-group unpadded step's over the grouped one's; of padded inference over unpadded; the share of padded
+positions in the batches).
 """
 
 from __future__ import annotations
@@ -24,9 +29,9 @@ import argparse
 import random
 import statistics
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import transformers
@@ -86,6 +91,48 @@ def passes(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]], form:
     return {"padded": run(False), "one group": run(True, float("inf")), "grouped": run(True)}
 
 
+def inference(model: torch.nn.Module, tok, texts: list[str], form: str) -> dict[str, Callable[[], None]]:
+    """`predict_logits` over `texts` padded and unpadded."""
+    import datasets
+
+    from distillery import evaluation
+
+    encoded = datasets.Dataset.from_dict(dict(tok(texts, max_length=64, truncation=True)))
+
+    def run(unpadded: bool) -> Callable[[], None]:
+        def go() -> None:
+            with precision.use(form), (nullcontext() if unpadded else _padded_inference()):
+                evaluation.predict_logits(model, tok, encoded)
+
+        return go
+
+    return {"padded": run(False), "unpadded": run(True)}
+
+
+@contextmanager
+def _padded_inference() -> Iterator[None]:
+    """`predict_logits` padded within: `unpadding.inferring` made to enter nothing."""
+    before = unpadding.inferring
+    unpadding.inferring = lambda *_: nullcontext(False)
+    try:
+        yield
+    finally:
+        unpadding.inferring = before
+
+
+def _timed(fns: dict[str, Callable[[], None]], reps: int) -> dict[str, list[float]]:
+    """Each form's times after a warm-up, interleaved: one order, then the reverse."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for r in range(reps):
+        for name in list(fns) if r % 2 == 0 else list(fns)[::-1]:
+            t0 = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
 def _paired(before: list[float], after: list[float]) -> tuple[float, float, float]:
     """The median, p10 and p90 of the paired ratios before / after."""
     ratios = sorted(a / b for a, b in zip(before, after))
@@ -119,24 +166,22 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         model = transformers.BertForSequenceClassification(transformers.BertConfig(
             vocab_size=len(tok), num_hidden_layers=args.layers, hidden_size=384, num_attention_heads=12,
             intermediate_size=1536, num_labels=2)).train()
-        fns = passes(model, batches, args.precision, args.group_cost)
-        for fn in fns.values():
-            fn()
-        times: dict[str, list[float]] = {name: [] for name in fns}
-        for r in range(args.reps):
-            for name in list(fns) if r % 2 == 0 else list(fns)[::-1]:
-                t0 = time.perf_counter()
-                fns[name]()
-                times[name].append(time.perf_counter() - t0)
+        times = _timed(passes(model, batches, args.precision, args.group_cost), args.reps)
         med = {k: 1000 * statistics.median(v) / args.batches for k, v in times.items()}
         gain, lo, hi = _paired(times["padded"], times["grouped"])
         grouping, glo, ghi = _paired(times["one group"], times["grouped"])
         print(f"{task}: {padded:.1%} of the positions padded; a step padded {med['padded']:.0f} ms, unpadded "
               f"{med['one group']:.0f} ms, unpadded in length groups {med['grouped']:.0f} ms: "
               f"{gain:.2f}x [{lo:.2f}-{hi:.2f}] (length groups {grouping:.2f}x [{glo:.2f}-{ghi:.2f}])", flush=True)
-        out[f"gain_{task}"], out[f"grouping_{task}"], out[f"padded_{task}"] = gain, grouping, padded
+        infer = _timed(inference(model.eval(), tok, texts, args.precision), args.reps)
+        infer_gain, ilo, ihi = _paired(infer["padded"], infer["unpadded"])
+        print(f"{task}: inference of {len(texts)} sentences padded {statistics.median(infer['padded']):.2f} s, "
+              f"unpadded {statistics.median(infer['unpadded']):.2f} s: {infer_gain:.2f}x [{ilo:.2f}-{ihi:.2f}]",
+              flush=True)
+        out.update({f"gain_{task}": gain, f"grouping_{task}": grouping, f"infer_gain_{task}": infer_gain,
+                    f"padded_{task}": padded})
     print(" ".join(f"{k}_{t}: {out[f'{k}_{t}']:.{3 if k == 'padded' else 2}f}"
-                   for k in ("gain", "grouping", "padded") for t in TASKS))
+                   for k in ("gain", "grouping", "infer_gain", "padded") for t in TASKS))
     return out
 
 
