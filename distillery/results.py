@@ -72,11 +72,13 @@ def row_from_summary(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> 
     return tasks
 
 
-def append_run(md: str | Path, run_dir: str | Path, *, command: str, seconds: float) -> dict[str, Any]:
-    """Add the run in `run_dir` (its metrics/summary.json) to the log beside `md` (results.jsonl) and render `md`."""
+def append_run(md: str | Path, run_dir: str | Path, *, command: str, seconds: float,
+               commit: str | None = None) -> dict[str, Any]:
+    """Add the run in `run_dir` (its metrics/summary.json) to the log beside `md` (results.jsonl) and render `md`;
+    the commit it ran at is `commit`, else the run directory's HEAD."""
     run_dir, md = Path(run_dir), Path(md)
     summary = json.loads((run_dir / "metrics" / "summary.json").read_text(encoding="utf-8"))
-    row = {"date": _dt.date.today().isoformat(), "commit": _commit(run_dir), "machine": machine(),
+    row = {"date": _dt.date.today().isoformat(), "commit": commit or _commit(run_dir), "machine": machine(),
            "command": command, "wall_s": round(seconds, 1), "tasks": row_from_summary(summary)}
     searches = {}  # a budgeted student's search: the form it chose and the speedup it timed, beside evaluate's
     for found in sorted((run_dir / "models" / "search").glob("*/search.json")):
@@ -197,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, required=True, help="its wall time")
     parser.add_argument("--machine", help="with --output: the machine it ran on, when not this one (lscpu's model name"
                         " and cores; a GPU's name)")
-    parser.add_argument("--commit", help="with --output: the commit it ran at, when not this checkout's HEAD")
+    parser.add_argument("--commit", help="the commit it ran at, when not this checkout's HEAD (with --output) or the "
+                        "run directory's (a checkout moved on after the run)")
     parser.add_argument("--log", default=str(Path(__file__).resolve().parents[1] / "docs" / "results.md"),
                         help="the results page (its .jsonl beside it holds the rows)")
     args = parser.parse_args(argv)
@@ -214,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if not (Path(args.run_dir) / "metrics" / "summary.json").is_file():
             raise InputNotFoundError(f"{args.run_dir}: no metrics/summary.json (the report stage writes it)")
-        row = append_run(args.log, args.run_dir, command=args.command, seconds=args.seconds)
+        row = append_run(args.log, args.run_dir, command=args.command, seconds=args.seconds, commit=args.commit)
         print(f"{args.log}: added the run of {row['date']} ({row['commit']}, {row['machine']})")
         return 0
 

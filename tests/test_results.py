@@ -44,6 +44,8 @@ def test_a_run_becomes_a_row_of_the_log_and_the_page_is_rendered_from_the_rows(t
     assert newest["search"] == {"s": {"name": "3x288-int8", "form": "int8", "speedup": 6.8, "speedup_p10": 6.05}}
     assert newest["command"] == "python -m flows.pipeline --preset budget" and md.read_text() == render(read_log(
         tmp_path / "results.jsonl"))
+    assert main([str(run), "--command", "c", "--seconds", "1", "--log", str(md), "--commit", "0123abc"]) == 0
+    assert read_log(tmp_path / "results.jsonl")[-1]["commit"] == "0123abc"  # a checkout that moved on after its run
 
 
 def test_a_benchmarks_console_output_becomes_a_row(tmp_path, capsys):
