@@ -51,31 +51,20 @@ HEADS = ("ForSequenceClassification", "ForMaskedLM", "ForPreTraining")
 #: what the attention of one more length group costs, in the unit of its work (sentences x length^2): `groups`
 #: starts a new group where it saves more than this (`python -m benchmarks.unpadded --group-cost C` measures a value)
 GROUP_COST = 8192
-#: the unpadded sequence's length is rounded up to a multiple of ROWS (copies of its first token, whose outputs
-#: nothing reads), and each length group's width to a multiple of WIDTH (masked keys): a bf16 matmul on a CPU
-#: (oneDNN) builds a kernel for each new shape, about 4 ms for a linear layer's, and keeps 1,024 of them, so a length
-#: that changes with every batch would build most of a step's kernels afresh at every step
-ROWS, WIDTH = 64, 16
-
-
-def _width(length: int) -> int:
-    """A group's padded width: `length` rounded up to a multiple of `WIDTH`."""
-    return -(-length // WIDTH) * WIDTH
 
 
 def groups(lengths: list[int], cost: float | None = None) -> list[list[int]]:
     """The sentences of a batch (their `lengths`) in length groups whose attentions cost least: each group is padded
-    to its longest sentence's `_width` and costs ``len(group) * width**2 + cost`` (`GROUP_COST` by default). The
-    sentences sorted longest first (ties in batch order), cut where an exact dynamic programme over the sorted order
-    says; a list of groups of indices."""
+    to its longest sentence and costs ``len(group) * longest**2 + cost`` (`GROUP_COST` by default). The sentences sorted longest first (ties in
+    batch order), cut where an exact dynamic programme over the sorted order says; a list of groups of indices."""
     cost = GROUP_COST if cost is None else cost
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     n = len(order)
     best = [0.0] + [float("inf")] * n  # best[j]: the least cost of the first j sorted sentences
     cut = [0] * (n + 1)
     for j in range(1, n + 1):
-        for i in range(j):  # the last group: sorted sentences i..j-1, padded to the width of sentence i's length
-            c = best[i] + (j - i) * _width(lengths[order[i]]) ** 2 + cost
+        for i in range(j):  # the last group: sorted sentences i..j-1, padded to the longest, sentence i's
+            c = best[i] + (j - i) * lengths[order[i]] ** 2 + cost
             if c < best[j]:
                 best[j], cut[j] = c, i
     out: list[list[int]] = []
@@ -88,18 +77,14 @@ def groups(lengths: list[int], cost: float | None = None) -> list[list[int]]:
 
 @dataclass(frozen=True)
 class _Tokens:
-    """The real tokens of a (B, T) batch: their flat positions ``index`` (N,) in B x T, and ``rows`` (`ROWS`
-    multiple), the positions the unpadded sequence reads (``index`` and copies of its first); for the attention, the
-    places ``slots`` (N,) of the real tokens in the length groups' padded layouts laid end to end (`groups`), the
-    places each row reads its output from (``row_slots``), each group's (n, L) shape and its (n, 1, 1, L) mask of
-    real keys."""
+    """The real tokens of a (B, T) batch: their flat positions ``index`` (N,) in B x T; and, for the attention, their
+    places ``slots`` (N,) in the length groups' padded layouts laid end to end (`groups`), each group's (n, L) shape
+    and its (n, 1, 1, L) mask of real keys."""
 
     index: Tensor
     batch: int
     length: int
-    rows: Tensor
     slots: Tensor
-    row_slots: Tensor
     shapes: tuple[tuple[int, int], ...]
     masks: tuple[Tensor, ...]
 
@@ -116,40 +101,37 @@ class _Tokens:
             longest = int(lengths[group[0]])
             if longest == 0:  # sentences without a real token: nothing to attend
                 continue
-            width = _width(longest)
             for slot, i in enumerate(group):
-                start[i] = offset + slot * width
-            shapes.append((len(group), width))
-            masks.append((torch.arange(width) < lengths[group, None]).view(len(group), 1, 1, width))
-            offset += len(group) * width
+                start[i] = offset + slot * longest
+            shapes.append((len(group), longest))
+            masks.append((torch.arange(longest) < lengths[group, None]).view(len(group), 1, 1, longest))
+            offset += len(group) * longest
         rank = (real.cumsum(1) - 1).reshape(-1).index_select(0, index)  # each token's place in its sentence
         slots = torch.tensor(start).index_select(0, index // t) + rank
-        extra = -index.numel() % ROWS if index.numel() else 0
-        rows, row_slots = (torch.cat([x, x[:1].expand(extra)]) for x in (index, slots))
-        return cls(index, b, t, rows, slots, row_slots, tuple(shapes), tuple(masks))
+        return cls(index, b, t, slots, tuple(shapes), tuple(masks))
 
     def grouped(self, x: Tensor) -> list[Tensor]:
-        """(1, H, R, d) per-head rows -> each length group's (n, H, L, d) of the real tokens, zero elsewhere."""
+        """(1, H, N, d) per-head tokens -> each length group's (n, H, L, d), zero at padded positions."""
         heads, d = x.shape[1], x.shape[3]
-        flat = x.transpose(1, 2).reshape(-1, heads * d)[: self.index.numel()]
+        flat = x.transpose(1, 2).reshape(-1, heads * d)
         size = sum(n * length for n, length in self.shapes)
         out = flat.new_zeros(size, heads * d).index_copy(0, self.slots, flat)
         return [part.view(n, length, heads, d).transpose(1, 2)
                 for part, (n, length) in zip(out.split([n * length for n, length in self.shapes]), self.shapes)]
 
     def ungrouped(self, outs: list[Tensor]) -> Tensor:
-        """Each length group's (n, L, H, d) output -> the rows' (1, R, H, d)."""
+        """Each length group's (n, L, H, d) output -> the real tokens' (1, N, H, d)."""
         heads, d = outs[0].shape[2:]
         flat = torch.cat([o.reshape(-1, heads * d) for o in outs]) if len(outs) > 1 else outs[0].reshape(-1, heads * d)
-        return flat.index_select(0, self.row_slots).view(1, -1, heads, d)
+        return flat.index_select(0, self.slots).view(1, -1, heads, d)
 
     def gathered(self, x: Tensor) -> Tensor:
-        """(B, T, ...) -> (1, R, ...): the rows (the real tokens, then copies of the first)."""
-        return x.reshape(self.batch * self.length, *x.shape[2:]).index_select(0, self.rows).unsqueeze(0)
+        """(B, T, ...) -> (1, N, ...): the real tokens."""
+        return x.reshape(self.batch * self.length, *x.shape[2:]).index_select(0, self.index).unsqueeze(0)
 
     def scattered(self, x: Tensor) -> Tensor:
-        """(1, R, D) rows -> (B, T, D) of the real tokens, zero at padded positions."""
-        flat = x[0, : self.index.numel()]
+        """(1, N, D) -> (B, T, D), zero at padded positions."""
+        flat = x[0]
         out = flat.new_zeros(self.batch * self.length, *flat.shape[1:]).index_copy(0, self.index, flat)
         return out.view(self.batch, self.length, *flat.shape[1:])
 
@@ -188,8 +170,6 @@ def _gather(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]
     if mask.shape[0] != b or mask.shape[-1] != t:
         return None
     tokens = _Tokens.of(mask[:, 0, 0, :])  # each query row of the mask: the real keys
-    if not tokens.index.numel():
-        return None
     _TOKENS.set(tokens)
     return (tokens.gathered(hidden), *args[1:]), kwargs
 
