@@ -190,3 +190,14 @@ def test_a_classifiers_inference_forwards_run_unpadded_and_give_its_padded_logit
     qa = transformers.BertForQuestionAnswering(_config())
     with unpadding.inferring(qa, "cpu") as unpadded:  # its softmax over positions reads every one
         assert not unpadded and qa.config._attn_implementation != unpadding.ATTENTION
+
+
+def test_a_batch_without_a_real_token_runs_as_it_is():
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(_config(num_labels=2)).eval()
+    ids, mask = torch.zeros(2, 5, dtype=torch.long), torch.zeros(2, 5, dtype=torch.long)
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask).logits
+        with unpadding.used(model, "cpu"):
+            got = model(input_ids=ids, attention_mask=mask).logits
+    assert torch.allclose(ref, got, atol=1e-6)

@@ -24,8 +24,8 @@ from the same distribution, and the same seed gives the same run.
 Training enters it where `reads_padding` allows (`distillery.training.trainer`); so do a sequence classifier's
 inference forwards (`inferring`: dev scores, test predictions, the teacher-logits cache).
 
-`python -m benchmarks.unpadded` times a fine-tuning step padded, unpadded, and unpadded with the attention in one
-group, on real GLUE batches, side by side.
+`python -m benchmarks.unpadded` times a fine-tuning step padded, unpadded with the attention in one group, and
+unpadded in length groups, on real GLUE batches, side by side.
 """
 
 from __future__ import annotations
@@ -55,8 +55,9 @@ GROUP_COST = 8192
 
 def groups(lengths: list[int], cost: float | None = None) -> list[list[int]]:
     """The sentences of a batch (their `lengths`) in length groups whose attentions cost least: each group is padded
-    to its longest sentence and costs ``len(group) * longest**2 + cost`` (`GROUP_COST` by default). The sentences sorted longest first (ties in
-    batch order), cut where an exact dynamic programme over the sorted order says; a list of groups of indices."""
+    to its longest sentence and costs ``len(group) * longest**2 + cost`` (`GROUP_COST` by default). The sentences
+    sorted longest first (ties in batch order), cut where an exact dynamic programme over the sorted order says; a
+    list of groups of indices."""
     cost = GROUP_COST if cost is None else cost
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     n = len(order)
@@ -170,6 +171,8 @@ def _gather(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]
     if mask.shape[0] != b or mask.shape[-1] != t:
         return None
     tokens = _Tokens.of(mask[:, 0, 0, :])  # each query row of the mask: the real keys
+    if not tokens.index.numel():  # no real token at all: nothing to gather
+        return None
     _TOKENS.set(tokens)
     return (tokens.gathered(hidden), *args[1:]), kwargs
 
