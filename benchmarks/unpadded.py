@@ -1,7 +1,7 @@
 """A task's fine-tuning step padded, unpadded, and unpadded with its attention in length groups
 (`distillery.training.unpadding`), side by side in one run.
 
-    python -m benchmarks.unpadded [--reps 5] [--batches 8] [--layers 6] [--precision bf16]
+    python -m benchmarks.unpadded [--reps 5] [--batches 8] [--layers 6] [--precision bf16] [--group-cost C]
 
 The local preset's shapes: all-MiniLM-L6-v2's tokenizer and encoder shape (6 x 384, random weights: timing does not
 read them; --layers 3 for its student), max length 64, batch 32, a sequence classifier trained with cross-entropy,
