@@ -54,7 +54,7 @@ def test_the_layers_read_the_real_tokens_alone_and_the_loss_and_gradients_are_th
     model.set_attn_implementation("sdpa")
     loss, logits, grads, seen = _run(model, unpadded=False, trains=trains)
     loss_u, logits_u, grads_u, seen_u = _run(model, unpadded=True, trains=trains)
-    assert seen == [(3, 9, 16)] and seen_u == [(1, 19, 16)]  # 9 + 4 + 6 real tokens
+    assert seen == [(3, 9, 16)] and seen_u == [(1, 64, 16)]  # 9 + 4 + 6 real tokens, then copies up to ROWS
     assert torch.allclose(loss, loss_u, atol=1e-6) and torch.allclose(logits, logits_u, atol=1e-6)
     assert grads.keys() == grads_u.keys() and len(grads) > 10
     for name in grads:
@@ -109,6 +109,7 @@ def test_length_groups_lay_out_each_sentences_real_tokens_from_their_first_posit
     real = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [1, 0, 1, 0, 0]], dtype=torch.bool)  # left, none, holes
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(unpadding, "GROUP_COST", 0.0)
+        mp.setattr(unpadding, "ROWS", 1)
         tokens = unpadding._Tokens.of(real)
     assert tokens.shapes == ((1, 5), (1, 3), (1, 2))
     x = torch.arange(1, 11, dtype=torch.float32).view(1, 1, 10, 1)  # the 10 real tokens, one head of width 1
@@ -117,6 +118,15 @@ def test_length_groups_lay_out_each_sentences_real_tokens_from_their_first_posit
     assert [m.flatten().tolist() for m in tokens.masks] == [[True] * 5, [True] * 3, [True, True]]
     outs = [g.transpose(1, 2) for g in grouped]  # (n, L, H, d), as the attention gives them
     assert torch.equal(tokens.ungrouped(outs), x.transpose(1, 2))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(unpadding, "GROUP_COST", float("inf"))
+        tokens = unpadding._Tokens.of(real)  # one group; 10 real rows, then 54 copies of the first
+    assert tokens.shapes == ((3, 5),) and tokens.rows.tolist() == [2, 3, 4, 5, 6, 7, 8, 9, 10, 12] + [2] * 54
+    rows = torch.cat([x, x[:, :, :1].expand(1, 1, 54, 1)], 2)  # what the layers give: copies of row 0 after
+    grouped = tokens.grouped(rows)
+    assert [g.flatten().tolist() for g in grouped[0]] == [[4, 5, 6, 7, 8], [1, 2, 3, 0, 0], [9, 10, 0, 0, 0]]
+    assert torch.equal(tokens.ungrouped([g.transpose(1, 2) for g in grouped]), rows.transpose(1, 2))
+    assert torch.equal(tokens.scattered(rows[:, 0].view(1, 64, 1)).view(3, 5)[real], x.flatten())
 
 
 def test_a_left_padded_batch_runs_unpadded_as_it_runs_padded(monkeypatch):
@@ -186,7 +196,7 @@ def test_a_classifiers_inference_forwards_run_unpadded_and_give_its_padded_logit
     seen: list[tuple[int, ...]] = []
     model.base_model.encoder.layer[0].register_forward_pre_hook(lambda m, a: seen.append(tuple(a[0].shape)))
     got = evaluation.predict_logits(model, _Tok(), datasets.Dataset.from_list(rows))
-    assert seen == [(1, 19, 16)] and torch.allclose(torch.from_numpy(got), ref, atol=1e-5)
+    assert seen == [(1, 64, 16)] and torch.allclose(torch.from_numpy(got), ref, atol=1e-5)
     qa = transformers.BertForQuestionAnswering(_config())
     with unpadding.inferring(qa, "cpu") as unpadded:  # its softmax over positions reads every one
         assert not unpadded and qa.config._attn_implementation != unpadding.ATTENTION

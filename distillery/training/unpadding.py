@@ -4,8 +4,9 @@ A task's batches are padded to their longest sentence, and GLUE sentences are fa
 longest: 50-70% of the positions of the local preset's batches are padding. Every position-wise part of a layer (the
 query, key, value and output projections, the feed-forward network, LayerNorm, dropout, the residual adds) does as
 much work on a padded position as on a real one. Here, as in MosaicBERT and ModernBERT, the encoder reads the real
-tokens alone, as one (1, N, D) sequence: a forward pre-hook on the encoder gathers them from the embeddings' (B, T, D)
-output; each layer's attention (`attention`) lays its queries, keys and values out by sentence in length groups
+tokens alone, as one (1, R, D) sequence: a forward pre-hook on the encoder gathers them from the embeddings' (B, T, D)
+output (N real tokens, then copies of the first up to a multiple of `ROWS`, whose outputs nothing reads: a bf16 matmul
+on a CPU builds a kernel for each new shape, and N changes with every batch); each layer's attention (`attention`) lays its queries, keys and values out by sentence in length groups
 (`groups`: the sentences sorted by length and cut where a group's attention padded to its own longest sentence
 saves more than a group costs, so short sentences no longer pay for the batch's longest), runs the attention the
 model ran before on each group (`distillery.training.cpu_kernels.attention` for a model that trains, PyTorch's fused
@@ -17,8 +18,8 @@ logits and gradients to float32 rounding). A padded position's is not (zero, whe
 nothing should read), so `reads_padding` allows unpadding only for a training whose loss reads no padded position:
 a sequence classifier's (its [CLS] token), a masked LM's (labels on real tokens), and a distillation whose
 objectives read logits only (TinyBERT's official attention and hidden-state losses read padded positions, as the
-paper's code does, and every captured internal is kept in its padded layout). Dropout draws its masks for the real
-tokens only (and the attention's for each group's layout): an unpadded run draws other masks than a padded one,
+paper's code does, and every captured internal is kept in its padded layout). Dropout draws its masks for the R rows
+(and the attention's for each group's layout): an unpadded run draws other masks than a padded one,
 from the same distribution, and the same seed gives the same run.
 
 Training enters it where `reads_padding` allows (`distillery.training.trainer`); so do a sequence classifier's
@@ -51,6 +52,11 @@ HEADS = ("ForSequenceClassification", "ForMaskedLM", "ForPreTraining")
 #: what the attention of one more length group costs, in the unit of its work (sentences x length^2): `groups`
 #: starts a new group where it saves more than this (`python -m benchmarks.unpadded --group-cost C` measures a value)
 GROUP_COST = 8192
+#: the unpadded sequence's length is rounded up to a multiple of ROWS, with copies of its first token whose outputs
+#: nothing reads: a bf16 matmul on a CPU (oneDNN) builds a kernel for each new shape, about 5 ms for a linear layer's,
+#: and keeps 1,024 of them, so a length that changed with every batch built most of a step's linear kernels afresh
+#: at every step (`python -m benchmarks.unpadded` times fresh batches, as the pipeline's)
+ROWS = 64
 
 
 def groups(lengths: list[int], cost: float | None = None) -> list[list[int]]:
@@ -78,14 +84,18 @@ def groups(lengths: list[int], cost: float | None = None) -> list[list[int]]:
 
 @dataclass(frozen=True)
 class _Tokens:
-    """The real tokens of a (B, T) batch: their flat positions ``index`` (N,) in B x T; and, for the attention, their
-    places ``slots`` (N,) in the length groups' padded layouts laid end to end (`groups`), each group's (n, L) shape
-    and its (n, 1, 1, L) mask of real keys."""
+    """The real tokens of a (B, T) batch: their flat positions ``index`` (N,) in B x T, and ``rows`` (a multiple of
+    `ROWS`), the positions the unpadded sequence reads (``index``, then copies of its first); for the attention, the
+    real tokens' places ``slots`` (N,) in the length groups' padded layouts laid end to end (`groups`), the places
+    each row reads its output from (``row_slots``), each group's (n, L) shape and its (n, 1, 1, L) mask of real
+    keys."""
 
     index: Tensor
     batch: int
     length: int
+    rows: Tensor
     slots: Tensor
+    row_slots: Tensor
     shapes: tuple[tuple[int, int], ...]
     masks: tuple[Tensor, ...]
 
@@ -109,30 +119,32 @@ class _Tokens:
             offset += len(group) * longest
         rank = (real.cumsum(1) - 1).reshape(-1).index_select(0, index)  # each token's place in its sentence
         slots = torch.tensor(start).index_select(0, index // t) + rank
-        return cls(index, b, t, slots, tuple(shapes), tuple(masks))
+        extra = -index.numel() % ROWS if index.numel() else 0
+        rows, row_slots = (torch.cat([x, x[:1].expand(extra)]) for x in (index, slots))
+        return cls(index, b, t, rows, slots, row_slots, tuple(shapes), tuple(masks))
 
     def grouped(self, x: Tensor) -> list[Tensor]:
-        """(1, H, N, d) per-head tokens -> each length group's (n, H, L, d), zero at padded positions."""
+        """(1, H, R, d) per-head rows -> each length group's (n, H, L, d) of the real tokens, zero elsewhere."""
         heads, d = x.shape[1], x.shape[3]
-        flat = x.transpose(1, 2).reshape(-1, heads * d)
+        flat = x.transpose(1, 2).reshape(-1, heads * d)[: self.index.numel()]
         size = sum(n * length for n, length in self.shapes)
         out = flat.new_zeros(size, heads * d).index_copy(0, self.slots, flat)
         return [part.view(n, length, heads, d).transpose(1, 2)
                 for part, (n, length) in zip(out.split([n * length for n, length in self.shapes]), self.shapes)]
 
     def ungrouped(self, outs: list[Tensor]) -> Tensor:
-        """Each length group's (n, L, H, d) output -> the real tokens' (1, N, H, d)."""
+        """Each length group's (n, L, H, d) output -> the rows' (1, R, H, d)."""
         heads, d = outs[0].shape[2:]
         flat = torch.cat([o.reshape(-1, heads * d) for o in outs]) if len(outs) > 1 else outs[0].reshape(-1, heads * d)
-        return flat.index_select(0, self.slots).view(1, -1, heads, d)
+        return flat.index_select(0, self.row_slots).view(1, -1, heads, d)
 
     def gathered(self, x: Tensor) -> Tensor:
-        """(B, T, ...) -> (1, N, ...): the real tokens."""
-        return x.reshape(self.batch * self.length, *x.shape[2:]).index_select(0, self.index).unsqueeze(0)
+        """(B, T, ...) -> (1, R, ...): the rows (the real tokens, then copies of the first)."""
+        return x.reshape(self.batch * self.length, *x.shape[2:]).index_select(0, self.rows).unsqueeze(0)
 
     def scattered(self, x: Tensor) -> Tensor:
-        """(1, N, D) -> (B, T, D), zero at padded positions."""
-        flat = x[0]
+        """(1, R, D) rows -> (B, T, D) of the real tokens, zero at padded positions."""
+        flat = x[0, : self.index.numel()]
         out = flat.new_zeros(self.batch * self.length, *flat.shape[1:]).index_copy(0, self.index, flat)
         return out.view(self.batch, self.length, *flat.shape[1:])
 
@@ -245,4 +257,5 @@ def inferring(model: nn.Module | None, device: torch.device | str) -> Iterator[b
         yield unpadded
 
 
-__all__ = ["ATTENTION", "ENCODERS", "GROUP_COST", "HEADS", "attention", "groups", "inferring", "reads_padding", "used"]
+__all__ = ["ATTENTION", "ENCODERS", "GROUP_COST", "HEADS", "ROWS", "attention", "groups", "inferring", "reads_padding",
+           "used"]
