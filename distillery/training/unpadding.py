@@ -6,27 +6,28 @@ query, key, value and output projections, the feed-forward network, LayerNorm, d
 much work on a padded position as on a real one. Here, as in MosaicBERT and ModernBERT, the encoder reads the real
 tokens alone, as one (1, R, D) sequence: a forward pre-hook on the encoder gathers them from the embeddings' (B, T, D)
 output (N real tokens, then copies of the first up to a multiple of `ROWS`, whose outputs nothing reads: a bf16 matmul
-on a CPU builds a kernel for each new shape, and N changes with every batch); each layer's attention (`attention`) lays its queries, keys and values out by sentence in length groups
-(`groups`: the sentences sorted by length and cut where a group's attention padded to its own longest sentence
-saves more than a group costs, so short sentences no longer pay for the batch's longest), runs the attention the
-model ran before on each group (`distillery.training.cpu_kernels.attention` for a model that trains, PyTorch's fused
-SDPA for one that infers; padded keys masked as before) and gathers its output again; and a forward hook on the
-encoder scatters the last hidden state back to (B, T, D), zero at the padded positions, for the pooler and the heads.
+on a CPU builds a kernel for each new shape, and N changes with every batch); each layer's attention (`attention`)
+lays its queries, keys and values out by sentence in length groups (`groups`: the sentences sorted by length and cut
+where a group's attention padded to its own longest sentence saves more than a group costs, so short sentences no
+longer pay for the batch's longest), runs the attention the model ran before on each group
+(`distillery.training.cpu_kernels.attention` for a model that trains, PyTorch's fused SDPA for one that infers; padded
+keys masked as before) and gathers its output again; and a forward hook on the encoder scatters the last hidden state
+back to (B, T, D), zero at the padded positions, for the pooler and the heads.
 
 A real token's value is the padded forward's: the same products of the same operands (tests/test_unpadding.py holds
 logits and gradients to float32 rounding). A padded position's is not (zero, where a padded forward computes values
-nothing should read), so `reads_padding` allows unpadding only for a training whose loss reads no padded position:
-a sequence classifier's (its [CLS] token), a masked LM's (labels on real tokens), and a distillation whose
-objectives read logits only (TinyBERT's official attention and hidden-state losses read padded positions, as the
-paper's code does, and every captured internal is kept in its padded layout). Dropout draws its masks for the R rows
-(and the attention's for each group's layout): an unpadded run draws other masks than a padded one,
-from the same distribution, and the same seed gives the same run.
+nothing should read), so `reads_padding` allows unpadding only for a training whose loss reads no padded position: a
+sequence classifier's (its [CLS] token), a masked LM's (labels on real tokens), and a distillation whose objectives
+read logits only (TinyBERT's official attention and hidden-state losses read padded positions, as the paper's code
+does, and every captured internal is kept in its padded layout). Dropout draws its masks for the R rows (and the
+attention's for each group's layout): an unpadded run draws other masks than a padded one, from the same distribution,
+and the same seed gives the same run.
 
 Training enters it where `reads_padding` allows (`distillery.training.trainer`); so do a sequence classifier's
 inference forwards (`inferring`: dev scores, test predictions, the teacher-logits cache).
 
-`python -m benchmarks.unpadded` times a fine-tuning step padded, unpadded with the attention in one group, and
-unpadded in length groups, on real GLUE batches, side by side.
+`python -m benchmarks.unpadded` times a fine-tuning step padded, unpadded with the attention in one group, unpadded in
+length groups, and the same at the exact length N, on fresh real GLUE batches, side by side.
 """
 
 from __future__ import annotations
