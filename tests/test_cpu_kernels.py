@@ -30,6 +30,12 @@ def test_the_drop_rate_is_p_to_within_its_resolution_and_the_expectation_is_kept
     assert abs(out.mean().item() - 1.0) < 0.005
     with pytest.raises(ValueError, match="dropout probability"):
         cpu_kernels.keep_mask((4,), 1.5)
+    for dtype in (torch.bfloat16, torch.float32):  # the mask dropout multiplies by: the same draws, as 1 and 0
+        torch.manual_seed(3)
+        flags = cpu_kernels.keep_mask((5, 7), 0.4)
+        torch.manual_seed(3)
+        ones = cpu_kernels.keep_mask((5, 7), 0.4, dtype=dtype)
+        assert ones.dtype == dtype and torch.equal(ones, flags.to(dtype)) and 0 < ones.sum() < 35
 
 
 def test_the_same_seed_gives_the_same_mask_and_the_gradient_is_the_mask_scaled():
@@ -42,6 +48,8 @@ def test_the_same_seed_gives_the_same_mask_and_the_gradient_is_the_mask_scaled()
     a.sum().backward()
     scale = 65536 / (65536 - cpu_kernels.drop_levels(0.3))
     assert torch.equal(x.grad, (a != 0).float() * scale)
+    torch.manual_seed(1)
+    assert torch.equal(a, x.detach() * cpu_kernels.keep_mask(x.shape, 0.3) * scale)  # the boolean mask's product
     assert cpu_kernels.dropout(x, 0.3, training=False) is x and cpu_kernels.dropout(x, 0.0) is x
     assert torch.equal(cpu_kernels.dropout(x, 1.0), torch.zeros_like(x))
 

@@ -58,24 +58,29 @@ def drop_levels(p: float) -> int:
     return round(p * LEVELS)
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu") -> Tensor:
-    """A boolean mask of `shape`, each element True (kept) with probability ``1 - drop_levels(p) / LEVELS``."""
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu",
+              dtype: torch.dtype = torch.bool) -> Tensor:
+    """A mask of `shape`, each element True (kept) with probability ``1 - drop_levels(p) / LEVELS``; in a float
+    `dtype`, 1 (kept) or 0, written by the comparison itself (see `dropout`)."""
     n = 1
     for s in shape:
         n *= int(s)
     words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(1 << 63), (1 << 63) - 1)
     draws = words.view(torch.int16)[:n].view(tuple(shape))
-    return draws >= drop_levels(p) - LEVELS // 2  # int16 draws are uniform on [-32768, 32767]
+    out = torch.empty(tuple(shape), dtype=dtype, device=device)
+    return torch.ge(draws, drop_levels(p) - LEVELS // 2, out=out)  # int16 draws are uniform on [-32768, 32767]
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
-    """Inverted dropout of `x` (as `torch.nn.functional.dropout`), with `keep_mask`'s mask."""
+    """Inverted dropout of `x` (as `torch.nn.functional.dropout`), with `keep_mask`'s mask in `x`'s dtype: on a CPU
+    PyTorch casts a boolean mask to a float dtype several times slower than it compares, and the product's backward
+    would cast it again. The same mask and the same result as with the boolean one, bit for bit."""
     if not training or p == 0.0:
         return x
     dropped = drop_levels(p)
     if dropped >= LEVELS:
         return x * 0.0
-    keep = keep_mask(x.shape, p, x.device)
+    keep = keep_mask(x.shape, p, x.device, x.dtype)
     return x.mul(keep).mul_(LEVELS / (LEVELS - dropped))
 
 
