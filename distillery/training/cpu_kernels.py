@@ -80,8 +80,23 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     dropped = drop_levels(p)
     if dropped >= LEVELS:
         return x * 0.0
-    keep = keep_mask(x.shape, p, x.device, x.dtype)
-    return x.mul(keep).mul_(LEVELS / (LEVELS - dropped))
+    return _Masked.apply(x, keep_mask(x.shape, p, x.device, x.dtype), LEVELS / (LEVELS - dropped))
+
+
+class _Masked(torch.autograd.Function):
+    """``x * keep * scale`` for a 0/1 `keep` of `x`'s dtype, and its gradient ``grad * keep * scale``, each one
+    pass (``addcmul``: the product in float32, rounded once, which is the rounding of ``x * scale``)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, keep: Tensor, scale: float) -> Tensor:
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return torch.addcmul(x.new_zeros(()), x, keep, value=scale)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        (keep,) = ctx.saved_tensors
+        return torch.addcmul(grad.new_zeros(()), grad, keep, value=ctx.scale), None, None
 
 
 _drop = dropout  # `attention` takes transformers' ``dropout`` argument, which hides the function's name
