@@ -85,7 +85,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
 
 class _Masked(torch.autograd.Function):
     """``x * keep * scale`` for a 0/1 `keep` of `x`'s dtype, and its gradient ``grad * keep * scale``, each one
-    pass (``addcmul``: the product in float32, rounded once, which is the rounding of ``x * scale``)."""
+    pass (``addcmul``: the product in float32 for bf16 and float32, rounded once: the bits of ``x * scale``)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, keep: Tensor, scale: float) -> Tensor:
