@@ -11,9 +11,9 @@ precisions, interleaved (fp32, bf16, bf16, fp32, ...), after a warm-up; the medi
       bf16 step without them beside it;
   (b) a SQuAD-shaped fine-tuning step: the 6 x 384 encoder with a span head at length 384 (batch --squad-batch);
   (c) inference of the 6 x 384 classifier at batch 1 and 32, length 128, and batch 8 at SQuAD's length 384
-      (`distillery.efficiency.measure_latency`, as the evaluate stage times the bf16 row, with PyTorch's SDPA, the
-      attention inference runs); on a CPU also a padded batch in bf16 with SDPA and with the eager attention,
-      which training runs (`distillery.precision.fast_attention`);
+      (`distillery.efficiency.measure_latency`, as the evaluate stage times the bf16 row, with the kernels inference
+      runs: on a CPU `distillery.training.cpu_kernels`); on a CPU also a padded batch in bf16 as transformers runs
+      the model (PyTorch's SDPA) and with those kernels;
   (d) augmentation's MLM forwards: the masked copies of TinyBERT's Algorithm 1 for the first --sentences SST-2
       training sentences (generated ones without ../shared), batched as `MaskedLM.topk` runs them, through a
       6 x 384 MLM (random weights, or --mlm DIR). With --mlm, also the overlap of the top-K candidates of the two
@@ -33,6 +33,7 @@ step without `distillery.training.cpu_kernels` over the step with them). On a de
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 from typing import Callable
@@ -112,7 +113,7 @@ def train_steps(model: torch.nn.Module, inputs: dict[str, torch.Tensor], reps: i
             if cheap and teacher is not None:  # it only infers (`distillery.training.trainer`)
                 attention_for(form, teacher, device=device)
             with cpu_kernels.used(model if cheap else None, device), \
-                    cpu_kernels.used(teacher if cheap else None, device, trains=False):
+                    cpu_kernels.used(teacher if cheap else None, device):
                 with precision.autocast(device, form):
                     loss = model(**inputs).loss
                 loss.backward()
@@ -184,22 +185,24 @@ def inference(batch: int, reps: int, device: str = "cpu", seq: int = 128) -> flo
     table = measure_latency({"fp32": model, "bf16": model}, batch=batch, seq_len=seq, reps=reps, device=device,
                             precisions={"bf16": "bf16"})
     ratio = _ratio(f"(c) inference, batch {batch}, length {seq}", {k: r.median_ms / 1000 for k, r in table.items()})
-    if torch.device(device).type == "cpu":  # SDPA, which inference runs, beside the eager attention training runs
+    if torch.device(device).type == "cpu":  # the kernels inference runs, beside the model as transformers runs it
         inputs = {k: v for k, v in make_batch(batch, seq).items() if k != "labels"}
         padded = 1 - inputs["attention_mask"].float().mean().item()
+        model.set_attn_implementation("sdpa")
+        plain, kernels = model, copy.deepcopy(model)
+        cpu_kernels.put(kernels, device)
 
-        def forward(attention: str) -> Callable[[], None]:
+        def forward(m: torch.nn.Module) -> Callable[[], None]:
             def run() -> None:
-                model.set_attn_implementation(attention)
                 with torch.inference_mode(), precision.autocast(device, "bf16"):
-                    model(**inputs)
+                    m(**inputs)
 
             return run
 
-        t = interleaved({"sdpa": forward("sdpa"), "eager": forward("eager")}, reps, device)
-        print(f"    bf16 on a padded batch ({padded:.0%} padding), as evaluation runs it: SDPA "
-              f"{1000 * t['sdpa']:.0f} ms, eager attention {1000 * t['eager']:.0f} ms "
-              f"({t['eager'] / t['sdpa']:.2f}x)", flush=True)
+        t = interleaved({"plain": forward(plain), "kernels": forward(kernels)}, reps, device)
+        print(f"    bf16 on a padded batch ({padded:.0%} padding): transformers' SDPA model "
+              f"{1000 * t['plain']:.0f} ms, with distillery.training.cpu_kernels, as evaluation runs it, "
+              f"{1000 * t['kernels']:.0f} ms ({t['plain'] / t['kernels']:.2f}x)", flush=True)
     return ratio
 
 

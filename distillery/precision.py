@@ -12,8 +12,8 @@ bf16 here is autocast (`torch.autocast`), never a cast of the model: weights, op
 fp32, matmuls and linear layers run in bf16, and the objectives' reductions run in fp32 (the distillation loop
 computes its loss terms outside autocast, on fp32 copies of what it captured; see `fp32`). The training loops get
 it through the Trainer's own ``bf16`` argument (`trainer_options`); inference paths open `forwards()` (`autocast()`
-for a model). On a CPU, bf16 models train with the eager attention and infer with PyTorch's fused SDPA
-(`fast_attention`).
+for a model). On a CPU, bf16 models train with the eager attention and infer with PyTorch's fused SDPA, but on a
+CPU without AMX, where the eager one is the faster (`fast_attention`).
 
 The pipeline sets the switch once per stage (`use`); library code reads it with `current()`. A library caller who
 never sets it gets what the loops did before the switch existed: bf16 on a bf16 GPU, fp32 on a CPU.
@@ -137,11 +137,16 @@ def autocast(device: str | torch.device | None = None, precision: str | None = N
 def forwards(model: Any, device: str | torch.device | None = None) -> Iterator[None]:
     """The context of `model`'s inference forwards at the precision in force: `model` set to the attention fast at
     that precision (`fast_attention`), then `autocast()` on its device (`device`, else its parameters'; a CPU for
-    `model=None`, an exported model's inputs), with fp32 matmuls in IEEE fp32 (`ieee_fp32`)."""
+    `model=None`, an exported model's inputs), with fp32 matmuls in IEEE fp32 (`ieee_fp32`) and, on a CPU, the
+    kernels its training runs (`distillery.training.cpu_kernels.used`: in fp32 the same outputs bit for bit; in bf16
+    the residual stream bf16, the bias after the matmul and, without AMX, the eager attention)."""
+    from distillery.training import cpu_kernels
+
     if model is not None:
         device = device if device is not None else next(model.parameters()).device
         fast_attention(model, device)
-    with ieee_fp32(), autocast(device if device is not None else "cpu"):
+    device = device if device is not None else "cpu"
+    with ieee_fp32(), autocast(device), cpu_kernels.used(model, device):
         yield
 
 
@@ -168,11 +173,12 @@ def fast_attention(model: Any, device: str | torch.device | None = None, precisi
     """`model` set to the attention that is fast at the precision in force (given, else `current()`) for what it is
     about to do. Under bf16 on a CPU, a model that trains (`training`) runs the eager attention (matmul + softmax),
     whose backward runs bf16 on the same kernels as the rest of the model, instead of PyTorch's SDPA, whose CPU bf16
-    backward is slow; a model that only infers runs SDPA, its default: in inference the two were within 10% of each
-    other with a steady allocator, and without one the eager attention's mask add on padded batches faulted its
-    pages in afresh at every call (`python -m benchmarks.precision` times both, (a) and (c)). The two compute the
-    same attention; nothing is saved with the model (its config.json is unchanged). Other models, precisions and
-    devices: unchanged."""
+    backward is slow; a model that only infers runs SDPA, its default, but inside `distillery.training.cpu_kernels`
+    (`used`, as every inference path of the pipeline runs a model: `forwards`), where a BERT-layout model's attention
+    is `cpu_kernels.attention`: SDPA again, but in bf16 on a CPU without AMX, where its flash kernel at BERT's head
+    sizes was slower than the eager computation with bf16 scores (`python -m benchmarks.precision` times both, (a)
+    and (c)). They compute the same attention; nothing is saved with the model (its config.json is unchanged).
+    Other models, precisions and devices: unchanged."""
     dev, chosen = _on(device, precision)
     if dev != "cpu" or chosen != "bf16" or not hasattr(model, "set_attn_implementation"):
         return model

@@ -62,8 +62,11 @@ def test_the_attention_is_berts_eager_attention():
     module = nn.Module().eval()
     theirs = eager_attention_forward(module, q, k, v, mask, scaling=0.5, dropout=0.1)
     for given in (mask, mask == 0):  # additive, or True where attended (the SDPA masks `used` asks for)
-        ours = cpu_kernels.attention(module, q, k, v, given, scaling=0.5, dropout=0.1)
-        assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(ours, theirs))
+        for training in (True, False):  # in eval (fp32), PyTorch's SDPA: the output alone
+            ours = cpu_kernels.attention(module.train(training), q, k, v, given, scaling=0.5,
+                                         dropout=0.0 if training else 0.1)
+            assert torch.allclose(ours[0], theirs[0], atol=1e-6)
+            assert ours[1] is None if not training else torch.allclose(ours[1], theirs[1], atol=1e-6)
     module.train()
     torch.manual_seed(2)
     out, probs = cpu_kernels.attention(module, q, k, v, mask == 0, dropout=0.5)
@@ -72,7 +75,7 @@ def test_the_attention_is_berts_eager_attention():
     reference = torch.softmax(q @ k.transpose(2, 3) * 0.5 + mask, -1) * keep * (65536 / 32768)
     assert torch.allclose(probs, reference) and torch.allclose(out, (reference @ v).transpose(1, 2))
     with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 scores stay bf16, within bf16's rounding of eager's
-        low = cpu_kernels.attention(module.eval(), q, k, v, mask == 0)
+        low = cpu_kernels.attention(module, q, k, v, mask == 0)  # training, no dropout: its own computation
         additive = cpu_kernels.attention(module, q, k, v, mask)
         scores = torch.matmul(q * 0.5, k.transpose(2, 3))  # the padded keys filled with the minimum, which the
         filled = scores.masked_fill(mask != 0, torch.finfo(torch.bfloat16).min)  # bias's sum rounds to
@@ -138,14 +141,13 @@ def test_a_model_trains_with_it_on_a_cpu_and_is_put_back_after():
         assert gpu.config._attn_implementation == "sdpa" and any(type(m) is nn.Dropout for m in gpu.modules())
 
 
-def test_under_bf16_the_residual_stream_is_bf16_and_a_teacher_keeps_its_fused_attention():
+def test_under_bf16_the_residual_stream_is_bf16():
     student, teacher = _bert().train(), _bert().eval()
     states: list[torch.Tensor] = []
     hooks = [layer.register_forward_hook(lambda _m, _a, out: states.append(out if torch.is_tensor(out) else out[0]))
              for layer in student.bert.encoder.layer]
     ids = torch.randint(0, 50, (2, 8))
-    with cpu_kernels.used(student, "cpu"), cpu_kernels.used(teacher, "cpu", trains=False):
-        assert teacher.config._attn_implementation == "sdpa" and student.config._attn_implementation != "sdpa"
+    with cpu_kernels.used(student, "cpu"), cpu_kernels.used(teacher, "cpu"):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             student(input_ids=ids).logits.float().sum().backward()
             low = teacher(input_ids=ids).logits
@@ -159,6 +161,35 @@ def test_under_bf16_the_residual_stream_is_bf16_and_a_teacher_keeps_its_fused_at
     with torch.autocast("cpu", dtype=torch.bfloat16):  # the teacher's output within bf16 rounding of its float32 one
         reference = teacher(input_ids=ids).logits
     assert torch.allclose(low.float(), reference.float(), atol=0.05)
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_a_model_that_infers_runs_sdpa_but_in_bf16_on_a_cpu_without_amx(monkeypatch, amx):
+    """In eval, `attention` is PyTorch's SDPA as transformers calls it (fp32; bf16 with AMX), bit for bit; in bf16
+    without AMX its own computation, the same attention within bf16 rounding."""
+    from distillery import precision
+
+    cpu_kernels.bias_after_matmul.cache_clear()
+    monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: ("avx512_bf16", "amx_bf16") if amx else ("avx512_bf16",))
+    calls: list[str] = []
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, _f=torch.nn.functional.scaled_dot_product_attention, **k: calls.append("sdpa")
+                        or _f(*a, **k))
+    model = _bert().eval()
+    padded = {"input_ids": torch.randint(0, 50, (2, 8)), "attention_mask": torch.tensor([[1] * 8, [1] * 3 + [0] * 5])}
+    try:
+        outputs = {}
+        for form in ("fp32", "bf16"):
+            for kernels in (False, True):
+                calls.clear()
+                with torch.inference_mode(), precision.autocast("cpu", form), \
+                        cpu_kernels.used(model if kernels else None, "cpu"):
+                    outputs[form, kernels] = model(**padded).logits.float()
+                assert calls == (["sdpa"] * 2 if not kernels or form == "fp32" or amx else [])
+    finally:
+        cpu_kernels.bias_after_matmul.cache_clear()
+    assert torch.equal(outputs["fp32", True], outputs["fp32", False])
+    assert torch.allclose(outputs["bf16", True], outputs["fp32", False], atol=0.05)
 
 
 @pytest.mark.parametrize("amx", [True, False])

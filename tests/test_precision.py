@@ -12,6 +12,7 @@ import transformers
 import yaml
 
 from distillery import precision
+from distillery.training import cpu_kernels
 from distillery.config import ConfigError
 from distillery.preflight import load_params
 from distillery.layer_map import build_layer_map
@@ -185,8 +186,9 @@ def test_every_objective_under_bf16_autocast_is_within_tolerance_of_fp32(term):
 
 
 def test_a_cpu_trains_bf16_with_the_eager_attention_and_infers_with_sdpa(monkeypatch):
-    """Training's bf16 backward is the faster with the eager attention; inference keeps the model's own SDPA (the two
-    within 10% there: benchmarks.precision, (a) and (c)); fp32 and GPUs keep the model's own attention."""
+    """Training's bf16 backward is the faster with the eager attention; inference keeps the model's own SDPA, inside
+    the CPU kernels' attention, which picks it or its own computation (tests/test_cpu_kernels.py); fp32 and GPUs keep
+    the model's own attention."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: ("avx512_bf16",))
     model, _ = _models("attention_loss")
@@ -197,7 +199,8 @@ def test_a_cpu_trains_bf16_with_the_eager_attention_and_infers_with_sdpa(monkeyp
     assert model.config._attn_implementation == "sdpa"
     model.set_attn_implementation("eager")
     with precision.use("bf16"), precision.forwards(model, "cpu"):
-        assert model.config._attn_implementation == "sdpa" and torch.is_autocast_enabled("cpu")
+        assert model.config._attn_implementation == cpu_kernels.ATTENTION and torch.is_autocast_enabled("cpu")
+    assert model.config._attn_implementation == "sdpa"
 
 
 @needs_bf16

@@ -31,13 +31,13 @@ def _batch() -> dict[str, torch.Tensor]:
             "token_type_ids": torch.zeros(3, 9, dtype=torch.long), "labels": torch.tensor([0, 1, 1])}
 
 
-def _run(model: nn.Module, unpadded: bool, trains: bool = True):
+def _run(model: nn.Module, unpadded: bool):
     """loss, logits and {name: grad} of one forward and backward as the Trainer runs it, padded or unpadded; and the
     sequence lengths the first layer saw."""
     model.zero_grad(set_to_none=True)
     seen: list[tuple[int, ...]] = []
     hook = model.base_model.encoder.layer[0].register_forward_pre_hook(lambda m, a: seen.append(tuple(a[0].shape)))
-    with cpu_kernels.used(model, "cpu", trains=trains), (unpadding.used(model, "cpu") if unpadded else nullcontext()):
+    with cpu_kernels.used(model, "cpu"), (unpadding.used(model, "cpu") if unpadded else nullcontext()):
         out = model(**_batch())
         out.loss.backward()
     hook.remove()
@@ -52,8 +52,8 @@ def test_the_layers_read_the_real_tokens_alone_and_the_loss_and_gradients_are_th
     torch.manual_seed(0)
     model = transformers.BertForSequenceClassification(_config(num_labels=2)).train(trains)
     model.set_attn_implementation("sdpa")
-    loss, logits, grads, seen = _run(model, unpadded=False, trains=trains)
-    loss_u, logits_u, grads_u, seen_u = _run(model, unpadded=True, trains=trains)
+    loss, logits, grads, seen = _run(model, unpadded=False)
+    loss_u, logits_u, grads_u, seen_u = _run(model, unpadded=True)
     assert seen == [(3, 9, 16)] and seen_u == [(1, 64, 16)]  # 9 + 4 + 6 real tokens, then copies up to ROWS
     assert torch.allclose(loss, loss_u, atol=1e-6) and torch.allclose(logits, logits_u, atol=1e-6)
     assert grads.keys() == grads_u.keys() and len(grads) > 10

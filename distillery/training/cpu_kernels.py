@@ -12,7 +12,9 @@ its runs are rows of the results log, docs/results.md):
 * **Attention.** `attention` is BERT's eager attention (matmul, mask, softmax, dropout, matmul) whose scores stay in
   the dtype of the matmul that gives them: under bf16 autocast no float32 copy of each (B, H, T, T) tensor is made
   and cast back (the probabilities' matmul with the values casts them to bf16 anyway; softmax accumulates in
-  float32 inside its kernel).
+  float32 inside its kernel). For a module that infers (a teacher, an evaluation) it is PyTorch's fused SDPA, but
+  in bf16 on a CPU without AMX (`eager_infers`): there SDPA's flash kernel at BERT's head size of 32 took 1.6x the
+  eager computation's time (`python -m benchmarks.precision`, (c), times inference both ways).
 * **Mask.** The padding mask goes onto the bf16 scores as an additive bias broadcast over the heads: the same
   scores as filling the padded keys with the dtype's minimum (the minimum plus a score rounds to the minimum), at
   less than half the time of ``masked_fill_`` with the boolean (B, 1, T, T) mask on this machine.
@@ -26,19 +28,20 @@ its runs are rows of the results log, docs/results.md):
   (the bias in bf16, as autocast's own ``linear`` casts it), and is ``nn.Linear`` otherwise. With AMX, oneDNN adds the
   bias inside the matmul and is the faster: there `used` leaves ``nn.Linear`` as it is (`bias_after_matmul`).
 
-`used` puts them in a model for its training on a CPU: every ``nn.Dropout`` becomes `Dropout`, every ``nn.Linear`` a
-`Linear` (same parameters; on a CPU without AMX), the BERT-layout encoders' residual stream goes bf16 under bf16
-autocast, and the attention of those that train runs `attention`, registered with transformers' `AttentionInterface`
-as ``ATTENTION`` (a teacher, which only infers, keeps PyTorch's fused SDPA: the objectives' scores and probabilities are
-computed apart by `distillery.capture`); all is put back after the training, and nothing is saved with the model. On a
-GPU, PyTorch's fused kernels are already cheap and models are left as they are.
+`used` puts them in a model for its training or inference on a CPU (`put`, for a copy that is never put back):
+every ``nn.Dropout`` becomes `Dropout`, every ``nn.Linear`` a `Linear` (same parameters; on a CPU without AMX), the
+BERT-layout encoders' residual stream goes bf16 under bf16 autocast, and their attention runs `attention`, registered
+with transformers' `AttentionInterface` as ``ATTENTION`` (a teacher's objectives read scores and probabilities computed
+apart by `distillery.capture`); all is put back after, and nothing is saved with the model. In fp32 a model that
+infers computes what it computed without them, bit for bit. On a GPU, PyTorch's fused kernels are already cheap and
+models are left as they are.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -128,14 +131,25 @@ def bias_after_matmul() -> bool:
     return "amx_bf16" not in cpu_bf16_flags()
 
 
+def eager_infers(query: Tensor) -> bool:
+    """Whether a module that infers runs `attention`'s own computation on these queries rather than PyTorch's fused
+    SDPA: bf16 on a CPU without AMX, where SDPA's flash kernel at BERT's head sizes was the slower (see the module's
+    docstring)."""
+    return query.dtype == torch.bfloat16 and query.device.type == "cpu" and bias_after_matmul()
+
+
 def attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-              scaling: float | None = None, dropout: float = 0.0, **_: Any) -> tuple[Tensor, Tensor]:
+              scaling: float | None = None, dropout: float = 0.0, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
     """BERT's eager attention (transformers' ``eager_attention_forward``) with `dropout`'s mask on the probabilities:
     (B, T, H, d) output and (B, H, T, T) probabilities. `attention_mask`: True where a key is attended (the masks
     transformers makes for SDPA, which `used` asks for) or additive. The scores stay in the dtype of the matmul that
     gives them: under bf16 autocast the scaling goes on the queries, the mask, softmax (which accumulates in float32
     inside the kernel) and dropout run on bf16 scores, the precision the probabilities' matmul with the values
     casts them to anyway, instead of a float32 copy of every (B, H, T, T) tensor and its cast back."""
+    if not module.training and not eager_infers(query):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     if scaling is None:
         scaling = query.size(-1) ** -0.5
     weights = torch.matmul(query * scaling, key.transpose(2, 3))
@@ -185,53 +199,57 @@ def _low_precision_stream(_module: nn.Module, _args: Any, output: Any) -> Tensor
     return None
 
 
-@contextmanager
-def used(model: nn.Module | None, device: torch.device | str, trains: bool = True) -> Iterator[None]:
-    """Within the block, `model` runs with these kernels on a CPU (`device`): its ``nn.Dropout`` modules swapped for
-    `Dropout`, its ``nn.Linear`` modules made `Linear` (without AMX: `bias_after_matmul`), a BERT-layout encoder's
-    residual stream bf16 under bf16 autocast and, where it `trains`, its attention set to `ATTENTION`; all put back on
-    exit. Elsewhere, or for None, nothing changes."""
+def put(model: nn.Module | None, device: torch.device | str) -> Callable[[], None]:
+    """`model` made to run with these kernels on a CPU (`device`): its ``nn.Dropout`` modules swapped for `Dropout`,
+    its ``nn.Linear`` modules made `Linear` (without AMX: `bias_after_matmul`), and for a BERT-layout encoder its
+    residual stream bf16 under bf16 autocast and its attention `ATTENTION`. Returns the function that puts all back.
+    Elsewhere, or for None, nothing changes."""
+    undo: list[Callable[[], None]] = []
+
+    def restore() -> None:
+        while undo:
+            undo.pop()()
+
     if model is None or torch.device(device).type != "cpu":
-        yield
-        return
+        return restore
     from distillery.capture import model_parts
 
-    swapped: list[tuple[nn.Module, str, nn.Module]] = []
-    linears: list[nn.Module] = []
-    switched: list[tuple[nn.Module, str]] = []
-    hooks: list[Any] = []
     try:
         for module in list(model.modules()):
             if type(module) is nn.Linear and bias_after_matmul():
                 module.__class__ = Linear  # the same module and parameters, `Linear`'s forward
-                linears.append(module)
+                undo.append(lambda m=module: setattr(m, "__class__", nn.Linear))
             for name, child in list(module.named_children()):
                 if type(child) is nn.Dropout:
                     replacement = Dropout(child.p, child.inplace)
                     replacement.train(child.training)
                     setattr(module, name, replacement)
-                    swapped.append((module, name, child))
+                    undo.append(lambda m=module, n=name, c=child: (c.train(getattr(m, n).training), setattr(m, n, c)))
         for module, config in outermost_models(model):
             if getattr(config, "model_type", None) not in BERT_ATTENTION:
                 continue
-            hooks.append(model_parts(module).embeddings.register_forward_hook(_low_precision_stream))
+            hook = model_parts(module).embeddings.register_forward_hook(_low_precision_stream)
+            undo.append(hook.remove)
             before = getattr(config, "_attn_implementation", None)
-            if trains and before in ("eager", "sdpa"):
+            if before in ("eager", "sdpa"):
                 register_attention(ATTENTION, attention)
                 module.set_attn_implementation(ATTENTION)
-                switched.append((module, before))
+                undo.append(lambda m=module, b=before: m.set_attn_implementation(b))
+    except BaseException:
+        restore()
+        raise
+    return restore
+
+
+@contextmanager
+def used(model: nn.Module | None, device: torch.device | str) -> Iterator[None]:
+    """Within the block, `model` runs with these kernels on a CPU (`device`, `put`); all put back on exit."""
+    restore = put(model, device)
+    try:
         yield
     finally:
-        for hook in hooks:
-            hook.remove()
-        for module, name, original in swapped:
-            original.train(getattr(module, name).training)
-            setattr(module, name, original)
-        for module, before in switched:
-            module.set_attn_implementation(before)
-        for module in linears:
-            module.__class__ = nn.Linear
+        restore()
 
 
 __all__ = ["ATTENTION", "BERT_ATTENTION", "Dropout", "LEVELS", "Linear", "attention", "bias_after_matmul",
-           "drop_levels", "dropout", "keep_mask", "outermost_models", "register_attention", "used"]
+           "drop_levels", "dropout", "keep_mask", "outermost_models", "put", "register_attention", "used"]

@@ -71,8 +71,8 @@ def train_and_export(
         steady_allocator()  # no page faults afresh at every step (distillery.runtime)
     started = time.perf_counter()
     with _collect_only_new_objects(targs.device), ExitStack() as kernels:
-        for m, trains in ((model, True), (teacher, False)):  # on a CPU: cheaper dropout, attention, bias
-            kernels.enter_context(cpu_kernels.used(m, targs.device, trains=trains))
+        for m in (model, teacher):  # on a CPU: cheaper dropout, attention, bias
+            kernels.enter_context(cpu_kernels.used(m, targs.device))
         if not unpadding.reads_padding(model):  # on a CPU: the layers on the real tokens alone, counted so
             counted.unpadded = any([kernels.enter_context(unpadding.used(m, targs.device)) for m in (model, teacher)])
         trainer.train(resume_from_checkpoint=last_checkpoint(run.output_dir) if run.resume else None)

@@ -10,9 +10,9 @@ on a CPU builds a kernel for each new shape, and N changes with every batch); ea
 lays its queries, keys and values out by sentence in length groups (`groups`: the sentences sorted by length and cut
 where a group's attention padded to its own longest sentence saves more than a group costs, so short sentences no
 longer pay for the batch's longest), runs the attention the model ran before on each group
-(`distillery.training.cpu_kernels.attention` for a model that trains, PyTorch's fused SDPA for one that infers; padded
-keys masked as before) and gathers its output again; and a forward hook on the encoder scatters the last hidden state
-back to (B, T, D), zero at the padded positions, for the pooler and the heads.
+(`distillery.training.cpu_kernels.attention`, which for a model that infers is PyTorch's fused SDPA but in bf16 on a
+CPU without AMX; padded keys masked as before) and gathers its output again; and a forward hook on the encoder
+scatters the last hidden state back to (B, T, D), zero at the padded positions, for the pooler and the heads.
 
 A real token's value is the padded forward's: the same products of the same operands (tests/test_unpadding.py holds
 logits and gradients to float32 rounding). A padded position's is not (zero, where a padded forward computes values
@@ -157,12 +157,10 @@ _TOKENS: contextvars.ContextVar[_Tokens | None] = contextvars.ContextVar("distil
 def attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
               **kwargs: Any) -> tuple[Tensor, Tensor | None]:
     """The attention of an unpadded forward: (1, H, N, d) queries, keys and values laid out by sentence in each length
-    group's padded (n, H, L, d) layout, `cpu_kernels.attention` (a module that trains) or PyTorch's SDPA (one that
-    infers) on each group with its mask of real keys, and the output's real tokens, (1, N, H, d) (no probabilities:
-    nothing unpadded reads them); outside an unpadded forward, the same attention as it is."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    inner = cpu_kernels.attention if module.training else ALL_ATTENTION_FUNCTIONS["sdpa"]
+    group's padded (n, H, L, d) layout, `cpu_kernels.attention` (for a module that infers PyTorch's SDPA, but in
+    bf16 on a CPU without AMX) on each group with its mask of real keys, and the output's real tokens, (1, N, H, d)
+    (no probabilities: nothing unpadded reads them); outside an unpadded forward, the same attention as it is."""
+    inner = cpu_kernels.attention
     tokens = _TOKENS.get()
     if tokens is None:
         return inner(module, query, key, value, attention_mask, **kwargs)
