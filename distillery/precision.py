@@ -12,8 +12,8 @@ bf16 here is autocast (`torch.autocast`), never a cast of the model: weights, op
 fp32, matmuls and linear layers run in bf16, and the objectives' reductions run in fp32 (the distillation loop
 computes its loss terms outside autocast, on fp32 copies of what it captured; see `fp32`). The training loops get
 it through the Trainer's own ``bf16`` argument (`trainer_options`); inference paths open `forwards()` (`autocast()`
-for a model). On a CPU, bf16 models train with the eager attention and infer with PyTorch's fused SDPA, but on a
-CPU without AMX, where the eager one is the faster (`fast_attention`).
+for a model). On a CPU, bf16 models train with the eager attention and infer with PyTorch's fused SDPA, or with
+the eager attention on a CPU without AMX, where it is the faster (`fast_attention`).
 
 The pipeline sets the switch once per stage (`use`); library code reads it with `current()`. A library caller who
 never sets it gets what the loops did before the switch existed: bf16 on a bf16 GPU, fp32 on a CPU.

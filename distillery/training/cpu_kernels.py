@@ -13,8 +13,8 @@ its runs are rows of the results log, docs/results.md):
   the dtype of the matmul that gives them: under bf16 autocast no float32 copy of each (B, H, T, T) tensor is made
   and cast back (the probabilities' matmul with the values casts them to bf16 anyway; softmax accumulates in
   float32 inside its kernel). For a module that infers (a teacher, an evaluation) it is PyTorch's fused SDPA, but
-  in bf16 on a CPU without AMX (`eager_infers`): there SDPA's flash kernel at BERT's head size of 32 took 1.6x the
-  eager computation's time (`python -m benchmarks.precision`, (c), times inference both ways).
+  in bf16 on a CPU without AMX (`eager_infers`): there SDPA's flash kernel at BERT's head size of 32 was the slower
+  (`python -m benchmarks.precision`, (c), times a model's inference both ways).
 * **Mask.** The padding mask goes onto the bf16 scores as an additive bias broadcast over the heads: the same
   scores as filling the padded keys with the dtype's minimum (the minimum plus a score rounds to the minimum), at
   less than half the time of ``masked_fill_`` with the boolean (B, 1, T, T) mask on this machine.
@@ -252,4 +252,4 @@ def used(model: nn.Module | None, device: torch.device | str) -> Iterator[None]:
 
 
 __all__ = ["ATTENTION", "BERT_ATTENTION", "Dropout", "LEVELS", "Linear", "attention", "bias_after_matmul",
-           "drop_levels", "dropout", "keep_mask", "outermost_models", "put", "register_attention", "used"]
+           "drop_levels", "dropout", "eager_infers", "keep_mask", "outermost_models", "put", "register_attention", "used"]
