@@ -252,4 +252,5 @@ def used(model: nn.Module | None, device: torch.device | str) -> Iterator[None]:
 
 
 __all__ = ["ATTENTION", "BERT_ATTENTION", "Dropout", "LEVELS", "Linear", "attention", "bias_after_matmul",
-           "drop_levels", "dropout", "eager_infers", "keep_mask", "outermost_models", "put", "register_attention", "used"]
+           "drop_levels", "dropout", "eager_infers", "keep_mask", "outermost_models", "put", "register_attention",
+           "used"]
