@@ -33,11 +33,11 @@ def batches(model, tokenizer, encoded: datasets.Dataset, *, batch_size: int = 64
 @torch.inference_mode()
 def predict_logits(model, tokenizer, encoded: datasets.Dataset, *, batch_size: int = 64) -> np.ndarray:
     """Logits (N, num_labels) of `model` on an encoded dataset, in dataset order."""
-    from distillery.training import unpadding
+    from distillery.training import cpu_kernels, unpadding
 
     model.eval()
     device = next(model.parameters()).device
-    with precision.forwards(model), unpadding.inferring(model, device):
+    with precision.forwards(model), cpu_kernels.used(model, device), unpadding.inferring(model, device):
         out = [model(**batch).logits.float().cpu().numpy() for batch in batches(model, tokenizer, encoded,
                                                                                   batch_size=batch_size)]
     return np.concatenate(out) if out else np.zeros((0, model.config.num_labels), dtype=np.float32)

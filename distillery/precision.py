@@ -137,16 +137,14 @@ def autocast(device: str | torch.device | None = None, precision: str | None = N
 def forwards(model: Any, device: str | torch.device | None = None) -> Iterator[None]:
     """The context of `model`'s inference forwards at the precision in force: `model` set to the attention fast at
     that precision (`fast_attention`), then `autocast()` on its device (`device`, else its parameters'; a CPU for
-    `model=None`, an exported model's inputs), with fp32 matmuls in IEEE fp32 (`ieee_fp32`) and, on a CPU, the
-    kernels its training runs (`distillery.training.cpu_kernels.used`: in fp32 the same outputs bit for bit; in bf16
-    the residual stream bf16, the bias after the matmul and, without AMX, the eager attention)."""
-    from distillery.training import cpu_kernels
-
+    `model=None`, an exported model's inputs), with fp32 matmuls in IEEE fp32 (`ieee_fp32`). The pipeline's inference
+    paths open `distillery.training.cpu_kernels.used` beside it: on a CPU the kernels its training runs (in fp32 the
+    same outputs bit for bit; in bf16 the residual stream bf16, the bias after the matmul and, without AMX, the eager
+    attention)."""
     if model is not None:
         device = device if device is not None else next(model.parameters()).device
         fast_attention(model, device)
-    device = device if device is not None else "cpu"
-    with ieee_fp32(), autocast(device), cpu_kernels.used(model, device):
+    with ieee_fp32(), autocast(device if device is not None else "cpu"):
         yield
 
 
@@ -174,7 +172,7 @@ def fast_attention(model: Any, device: str | torch.device | None = None, precisi
     about to do. Under bf16 on a CPU, a model that trains (`training`) runs the eager attention (matmul + softmax),
     whose backward runs bf16 on the same kernels as the rest of the model, instead of PyTorch's SDPA, whose CPU bf16
     backward is slow; a model that only infers runs SDPA, its default, but inside `distillery.training.cpu_kernels`
-    (`used`, as every inference path of the pipeline runs a model: `forwards`), where a BERT-layout model's attention
+    (`used`, as every inference path of the pipeline runs a model), where a BERT-layout model's attention
     is `cpu_kernels.attention`: SDPA again, but in bf16 on a CPU without AMX, where its flash kernel at BERT's head
     sizes was slower than the eager computation with bf16 scores (`python -m benchmarks.precision` times both, (a)
     and (c)). They compute the same attention; nothing is saved with the model (its config.json is unchanged).

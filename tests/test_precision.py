@@ -198,7 +198,7 @@ def test_a_cpu_trains_bf16_with_the_eager_attention_and_infers_with_sdpa(monkeyp
     precision.fast_attention(model, "cpu", "bf16")  # the same model, trained, now evaluated
     assert model.config._attn_implementation == "sdpa"
     model.set_attn_implementation("eager")
-    with precision.use("bf16"), precision.forwards(model, "cpu"):
+    with precision.use("bf16"), precision.forwards(model, "cpu"), cpu_kernels.used(model, "cpu"):
         assert model.config._attn_implementation == cpu_kernels.ATTENTION and torch.is_autocast_enabled("cpu")
     assert model.config._attn_implementation == "sdpa"
 

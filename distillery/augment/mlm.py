@@ -27,6 +27,7 @@ from torch import nn
 
 from distillery import precision
 from distillery.errors import InputNotFoundError, UserError
+from distillery.training import cpu_kernels
 
 __all__ = ["MaskedCopy", "MaskedLM", "MissingMLMHeadError", "build_masked_input", "load_masked_lm", "load_mlm_checked"]
 
@@ -217,7 +218,8 @@ class MaskedLM:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.inference_mode(), precision.forwards(self.model, self.device):
+            with torch.inference_mode(), precision.forwards(self.model, self.device), \
+                    cpu_kernels.used(self.model, self.device):
                 for start in range(0, len(order), batch_size):
                     batch_idx = [i for i in order[start:start + batch_size] if copies[i].positions]
                     if not batch_idx:
@@ -246,7 +248,8 @@ class MaskedLM:
         top-K ids), with no candidate post-processing. Returns the number of masked positions."""
         order = sorted(range(len(copies)), key=lambda i: len(copies[i].input_ids))
         n = 0
-        with torch.inference_mode(), precision.forwards(self.model, self.device):
+        with torch.inference_mode(), precision.forwards(self.model, self.device), \
+                cpu_kernels.used(self.model, self.device):
             for start in range(0, len(order), batch_size):
                 batch = [copies[i] for i in order[start:start + batch_size] if copies[i].positions]
                 if not batch:

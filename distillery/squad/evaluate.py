@@ -73,9 +73,11 @@ def predict_span_logits(model, tokenizer, features, *, session=None, batch_size:
 
     from distillery import precision
     from distillery.evaluation import batches
+    from distillery.training import cpu_kernels
 
     rows = []
-    with torch.inference_mode(), precision.forwards(model):
+    device = next(model.parameters()).device if model is not None else "cpu"
+    with torch.inference_mode(), precision.forwards(model), cpu_kernels.used(model, device):
         for batch in batches(None if session is not None else model, tokenizer, features, batch_size=batch_size):
             if session is not None:
                 rows += list(np.asarray(session(**{k: v.numpy() for k, v in batch.items()})))

@@ -25,7 +25,7 @@ from transformers import DataCollatorWithPadding, PreTrainedModel, default_data_
 
 from distillery import precision
 from distillery.io import atomic_path
-from distillery.training import unpadding
+from distillery.training import cpu_kernels, unpadding
 from distillery.training.args import dataloader_kwargs
 
 INPUT_COLUMNS = ("input_ids", "attention_mask", "token_type_ids")
@@ -94,7 +94,8 @@ def compute_teacher_logits(
                         **dataloader_kwargs(device))
     out = []
     try:
-        with precision.forwards(teacher, device), unpadding.inferring(teacher, device), \
+        with precision.forwards(teacher, device), cpu_kernels.used(teacher, device), \
+                unpadding.inferring(teacher, device), \
                 torch.random.fork_rng(devices=[]):
             for batch in tqdm(loader, desc="teacher logits", disable=not progress):
                 batch = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k in accepted}
