@@ -45,8 +45,8 @@ from torch import nn
 
 from distillery.efficiency.spread import describe_speedup, median_interval, resolved, spread_of
 from distillery.precision import autocast, fast_attention
-from distillery.training import cpu_kernels
 from distillery.runtime import steady_allocator
+from distillery.training import cpu_kernels
 
 #: the shortest timed sample, in milliseconds of back-to-back calls of one model (its calls per sample are calibrated
 #: to reach it): long against the clock's resolution and the scheduler's jitter, and the model's weights stay warm as
@@ -129,7 +129,7 @@ def _runner(obj: Any, batch: int, seq_len: int, device: torch.device, precision:
         model = obj.to(device).eval()
         if precision == "bf16":  # its own copy, with the kernels inference runs: the same module may be timed in
             model = fast_attention(copy.deepcopy(model), device, precision)  # fp32 beside it
-            cpu_kernels.put(model, device)  # (`distillery.precision.forwards`); the copy is never put back
+            cpu_kernels.put(model, device)  # (as every inference path opens `cpu_kernels.used`); never put back
         inputs = make_inputs(batch, seq_len, _vocab_size(model),
                              token_type_ids=_accepts(model, "token_type_ids"))
         inputs = {k: v.to(device) for k, v in inputs.items() if _accepts(model, k) or k == "input_ids"}

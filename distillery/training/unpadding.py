@@ -160,11 +160,10 @@ def attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, atte
     group's padded (n, H, L, d) layout, `cpu_kernels.attention` (for a module that infers PyTorch's SDPA, but in
     bf16 on a CPU without AMX) on each group with its mask of real keys, and the output's real tokens, (1, N, H, d)
     (no probabilities: nothing unpadded reads them); outside an unpadded forward, the same attention as it is."""
-    inner = cpu_kernels.attention
     tokens = _TOKENS.get()
     if tokens is None:
-        return inner(module, query, key, value, attention_mask, **kwargs)
-    outs = [inner(module, q, k, v, mask, **kwargs)[0] for q, k, v, mask in
+        return cpu_kernels.attention(module, query, key, value, attention_mask, **kwargs)
+    outs = [cpu_kernels.attention(module, q, k, v, mask, **kwargs)[0] for q, k, v, mask in
             zip(tokens.grouped(query), tokens.grouped(key), tokens.grouped(value), tokens.masks)]
     return tokens.ungrouped(outs), None
 
