@@ -144,26 +144,30 @@ class StepFlops:
     says it ran for these inputs. Keeps the totals it counted (FLOPs, steps, tokens, padded positions) for
     `utilisation`. A model type whose FLOPs are not counted counts 0. `unpadded`: the models run on the real tokens
     alone (`distillery.training.unpadding`), so a batch counts the share of its positions that are real (the
-    attention, which runs padded, is a few percent of a step at GLUE's lengths and goes uncounted)."""
+    attention, which runs padded, is a few percent of a step at GLUE's lengths and goes uncounted). `sparse`: a
+    masked LM's prediction head runs on the labelled positions alone (`distillery.training.sparse_prediction`), so
+    a batch counts the head there only."""
 
     def __init__(self, student: Any, teacher: Any = None,
-                 teacher_runs: Callable[[Mapping[str, Any]], bool] | None = None, unpadded: bool = False) -> None:
+                 teacher_runs: Callable[[Mapping[str, Any]], bool] | None = None, unpadded: bool = False,
+                 sparse: bool = False) -> None:
         self.student, self.teacher = student, teacher
         self.teacher_runs = teacher_runs or (lambda inputs: teacher is not None)
-        self.unpadded = unpadded
+        self.unpadded, self.sparse = unpadded, sparse
         self.flops = 0.0
         self.steps = self.tokens = self.padded = 0
         self._configs: dict[int, dict] = {}
         self._per_example: dict[tuple[int, int], int] = {}
 
-    def _model(self, model: Any, length: int) -> int:
-        """Its FLOPs per example at `length`, counted once per model and length (the model's config is read once:
-        it does not change within a run)."""
-        key = (id(model), length)
+    def _model(self, model: Any, length: int, head: str | None = None) -> int:
+        """Its FLOPs per example at `length` with its own head (or `head`), counted once per model, length and head
+        (the model's config is read once: it does not change within a run)."""
+        head = head or _head(model)
+        key = (id(model), length, head)
         if key not in self._per_example:
             if id(model) not in self._configs:
                 self._configs[id(model)] = model.config.to_dict()
-            self._per_example[key] = flops_if_counted(self._configs[id(model)], length, head=_head(model)) or 0
+            self._per_example[key] = flops_if_counted(self._configs[id(model)], length, head=head) or 0
         return self._per_example[key]
 
     def __call__(self, inputs: Mapping[str, Any]) -> float:
@@ -171,13 +175,20 @@ class StepFlops:
         if ids is None or ids.dim() != 2:
             return 0.0
         batch, length = ids.shape
-        flops = 3 * batch * self._model(self.student, length)
+        student = self._model(self.student, length)
+        labels = inputs.get("labels")
+        head = 0  # the MLM head's FLOPs at every position, when it runs on the labelled ones alone
+        if self.sparse and _head(self.student) == "mlm" and labels is not None and labels.shape == ids.shape:
+            head = student - self._model(self.student, length, "classifier")
+        flops = 3 * batch * (student - head)
         if self.teacher is not None and self.teacher_runs(inputs):
             flops += batch * self._model(self.teacher, length)
         mask = inputs.get("attention_mask")
         padded = int((mask == 0).sum()) if mask is not None else 0
         if self.unpadded:
             flops *= 1 - padded / (batch * length)
+        if head:
+            flops += 3 * head * int((labels != -100).sum()) / length
         self.steps += 1
         self.tokens += batch * length
         self.padded += padded

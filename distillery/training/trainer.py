@@ -18,7 +18,7 @@ from transformers import PreTrainedModel, Trainer, TrainingArguments
 from distillery import precision
 from distillery.efficiency.ceiling import StepFlops, utilisation
 from distillery.runtime import FreeCores, steady_allocator
-from distillery.training import cpu_kernels, unpadding
+from distillery.training import cpu_kernels, sparse_prediction, unpadding
 from distillery.training.log import LOG_NAME, quiet_progress, rows_from_state, write_log
 from distillery.training.metrics import trainer_metrics
 from distillery.training.saving import last_checkpoint, save_final
@@ -43,7 +43,8 @@ def train_and_export(
     Trainer's model; the student for a ``Distiller``). ``extra(dir)`` writes more files into the export.
     ``run.param_groups``: the only parameters trained, each at its own learning-rate scale (``scaled_adamw``). On a
     CPU the model and its teacher run `distillery.training.cpu_kernels`' kernels while they train, and unpadded
-    (`distillery.training.unpadding`) where nothing the training reads is padded."""
+    (`distillery.training.unpadding`) where nothing the training reads is padded; a masked LM trained directly
+    predicts its labelled positions alone (`distillery.training.sparse_prediction`)."""
     teacher = getattr(model, "teacher", None)  # a Distiller's: it only infers
     for m, trains in ((model, True), (export, True), (teacher, False)):
         precision.fast_attention(m, targs.device, "bf16" if targs.bf16 else "fp32", training=trains)
@@ -75,6 +76,7 @@ def train_and_export(
             kernels.enter_context(cpu_kernels.used(m, targs.device))
         if not unpadding.reads_padding(model):  # on a CPU: the layers on the real tokens alone, counted so
             counted.unpadded = any([kernels.enter_context(unpadding.used(m, targs.device)) for m in (model, teacher)])
+        counted.sparse = kernels.enter_context(sparse_prediction.used(model))  # a masked LM's head where it is read
         trainer.train(resume_from_checkpoint=last_checkpoint(run.output_dir) if run.resume else None)
     seconds = time.perf_counter() - started
     metrics = trainer.evaluate() if evaluate else None
