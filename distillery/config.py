@@ -441,7 +441,8 @@ class EvaluationSection(Section):
     # batch sizes timed; the report's speed column uses the smallest
     latency_batch_sizes: list[int] = Field(default_factory=lambda: [1, 32])
     latency_seq_len: int = Field(128, ge=8, le=512)  # tokens per sequence timed (and a budget's default `seq_len`)
-    # paired rounds of every model and the teacher (up to 3x for an unresolved speedup); speedups are their median
+    # paired rounds of every model and the teacher: 9 first, more up to this many for a speedup not yet pinned down
+    # within 3%, up to 3x for an unresolved one (distillery.efficiency.latency.time_sessions); speedups are their median
     latency_rounds: int = Field(20, ge=3)
     export_onnx: bool = True  # ONNX + int8 (ONNX Runtime dynamic quantisation) of every student
 

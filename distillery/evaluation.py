@@ -53,7 +53,8 @@ def evaluate_model(
         raise FileNotFoundError(f"model directory not found: {model_dir}")
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForSequenceClassification.from_pretrained(str(model_dir))
-    encoded = glue.encode(data, tokenizer, task, max_length)
+    encoded = glue.encode(datasets.DatasetDict({s: data[s] for s in ("dev", "test") if s in data}), tokenizer, task,
+                          max_length)  # the splits it reads
     metrics: dict[str, float] = {}
     if "dev" in encoded:
         dev = encoded["dev"]

@@ -105,9 +105,11 @@ class ClassificationKind:
 
         if session is None:
             return evaluate_model(model_dir, self.task, data, max_length=max_length)
+        from datasets import DatasetDict
         from transformers import AutoTokenizer
 
-        dev = glue.encode(data, AutoTokenizer.from_pretrained(str(model_dir)), self.task, max_length)["dev"]
+        dev = glue.encode(DatasetDict(dev=data["dev"]), AutoTokenizer.from_pretrained(str(model_dir)), self.task,
+                          max_length)["dev"]
         features = {c: dev[c][:] for c in ("input_ids", "attention_mask", "token_type_ids") if c in dev.column_names}
         return glue.compute_metrics(self.task, session.predict(features), dev["labels"][:]), None
 

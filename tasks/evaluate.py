@@ -195,7 +195,8 @@ def _add_latency(p: Params, task: str, results: dict[str, dict[str, Any]], sessi
     process of their own (`distillery.efficiency.apart`): keys
     latency_ms_b<batch>[_int8|_bf16][_cuda], throughput_b..., speedup_b... (the median of the per-round ratios),
     speedup_p10_b..., speedup_p90_b... (their spread) and speedup_ci_low_b..., speedup_ci_high_b... (the median's
-    95% interval); up to three times `latency_rounds` rounds for a speedup that is unresolved after them."""
+    95% interval); `latency_rounds` rounds for a speedup not pinned down after the first ones, up to three times as
+    many for one that is unresolved after them (`time_sessions`)."""
     import torch
 
     from distillery.efficiency.apart import time_apart

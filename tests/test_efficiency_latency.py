@@ -136,6 +136,20 @@ def test_an_unresolved_speedup_gets_more_rounds_up_to_max_reps(monkeypatch):
     assert len(table["ref"].samples_ms) == 6 * 3 + 2 * 6 * 2  # its samples in every run, pooled
 
 
+def test_a_pinned_down_speedup_stops_after_the_first_rounds_and_a_loose_one_gets_the_planned_ones(monkeypatch):
+    """`time_sessions`: the first `FIRST_ROUNDS` rounds, then more only for a speedup whose median's interval is wider
+    than `PRECISE`, up to ``reps``; with ``max_reps``, an unresolved one beyond."""
+    from distillery.efficiency.latency import FIRST_ROUNDS, time_sessions
+
+    clock = FakeClock(monkeypatch)
+    loose = iter([0.0019, 0.0021, 0.0017, 0.0023] * 100)  # ratios 1.7-2.4 around 2: wider than PRECISE, resolved
+    table = time_sessions({"ref": clock.model(lambda: 0.004), "steady": clock.model(lambda: 0.002),
+                           "loose": clock.model(lambda: next(loose))}, reps=20, max_reps=60, reference="ref",
+                          warmup=0, min_sample_ms=0)
+    assert table["steady"].reps == FIRST_ROUNDS and table["steady"].pinned
+    assert table["loose"].reps == 27 and table["loose"].resolved and not table["loose"].pinned  # 9, 18, 27 >= 20
+
+
 def test_models_are_fed_inputs_of_the_requested_shape():
     cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                   intermediate_size=32, max_position_embeddings=32)

@@ -13,7 +13,10 @@ faster") are wall-clock ratios against BERT-base. Here a speedup is a measuremen
 * a model's speedup is the median over the rounds of its ratios, reported with their 10th and 90th percentiles and
   the distribution-free 95% interval of the median. When that interval reaches further than `MAX_UNCERTAINTY` from
   the median (a busy machine, or a runtime whose calls vary from round to round) the result is marked unresolved and
-  reports print the spread, not a figure; `time_sessions` first adds rounds for such a model, up to ``max_reps``.
+  reports print the spread, not a figure; `time_sessions` first adds rounds for such a model, up to ``max_reps``;
+* rounds are spent where they narrow a figure: `time_sessions` starts with `FIRST_ROUNDS` and adds rounds only for a
+  model whose interval is still wider than `PRECISE` (at batch 32, where one reference sample is a whole forward of
+  the teacher, most speedups are pinned down after the first rounds).
 
 On a CPU, a runtime's worker threads go on spinning for a while after a call returns (ONNX Runtime's for tens of
 milliseconds, PyTorch's OpenMP threads for a few): timed right after another runtime, a model shares the cores with
@@ -43,7 +46,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from distillery.efficiency.spread import describe_speedup, median_interval, resolved, spread_of
+from distillery.efficiency.spread import describe_speedup, median_interval, resolved, spread_of, uncertainty
 from distillery.precision import autocast, fast_attention
 from distillery.runtime import steady_allocator
 from distillery.training import cpu_kernels
@@ -85,6 +88,12 @@ class LatencyResult:
     def spread(self) -> float | None:
         """(p90 - p10) / median of the per-round speedups."""
         return spread_of(self.speedup, self.speedup_p10, self.speedup_p90)
+
+    @property
+    def pinned(self) -> bool:
+        """Whether its speedup's median is pinned down: its 95% interval within `PRECISE` of it (no more rounds needed)."""
+        u = uncertainty(self.speedup, self.speedup_ci_low, self.speedup_ci_high)
+        return u is not None and u <= PRECISE
 
     @property
     def resolved(self) -> bool:
@@ -260,36 +269,49 @@ def _speedup_fields(ratios: list[float]) -> dict[str, float | None]:
 #: how many sessions of each ONNX Runtime model a timing draws: sessions of one file time differently (thread
 #: placement, memory layout), so one session would make an int8 figure a draw
 ONNX_SESSIONS = 3
+#: the rounds a timing starts with, spread evenly over its sessions: at 95% the median's interval of 9 rounds is their
+#: 2nd and 8th smallest ratio (`distillery.efficiency.spread.median_interval`)
+FIRST_ROUNDS = 9
+#: a speedup whose median's 95% interval reaches no further than this share of it is pinned down: no more rounds
+#: (at batch 32 most are after the first rounds; at batch 1 most need the planned ones)
+PRECISE = 0.03
 
 
 def time_sessions(models: Mapping[str, Any], *, reps: int = 20, sessions: int = ONNX_SESSIONS,
                   max_reps: int | None = None, **options: Any) -> dict[str, LatencyResult]:
-    """`measure_latency` of `models` in `sessions` runs of ``reps / sessions`` rounds each (at least 3), every model
-    that has a ``fresh()`` (an ONNX Runtime session, `distillery.efficiency.export.OnnxModel`) in a new session in
-    each run; the runs `pooled`. With no such model: one run of `reps` rounds. ``max_reps``: while a model's speedup
-    is unresolved (`LatencyResult.resolved`) and it has had fewer rounds than that, one more run of the reference and
-    the unresolved models (new sessions again), pooled with the others: its median's interval narrows as rounds
-    are added, its rounds' spread does not."""
+    """`measure_latency` of `models` in runs, every model that has a ``fresh()`` (an ONNX Runtime session,
+    `distillery.efficiency.export.OnnxModel`) in a new session in each run, the runs `pooled`: first `sessions`
+    runs (one with no such model) that share `FIRST_ROUNDS` rounds (at least 3 each, at most ``reps``); then, while a model's speedup is not pinned down (`PRECISE`) and it has had fewer than ``reps`` rounds, one
+    more run of the reference and those models; then, with ``max_reps``, while a model's speedup is unresolved
+    (`LatencyResult.resolved`) and more rounds stay within ``max_reps``, likewise. Rounds narrow a median's interval,
+    not the rounds' spread; a figure already pinned down spends no more of the machine's time."""
     if sessions < 1:
         raise ValueError(f"sessions must be >= 1, got {sessions}")
     if not any(hasattr(m, "fresh") for m in models.values()):
         sessions = 1
-    per = max(3, math.ceil(reps / sessions)) if sessions > 1 else reps
+    per = max(3, math.ceil(min(FIRST_ROUNDS, reps) / sessions))
+    reference = options.get("reference") or next(iter(models))
     runs = []
     for s in range(sessions):
         if s:
             models = {name: m.fresh() if hasattr(m, "fresh") else m for name, m in models.items()}
         runs.append(measure_latency(models, reps=per, **options))
     result = pooled(runs)
-    reference = options.get("reference") or next(iter(models))
-    while max_reps is not None:
-        todo = {n for n, r in result.items()
-                if n != reference and r.speedup is not None and not r.resolved and r.reps + per <= max_reps}
-        if not todo:
-            break
-        models = {n: m.fresh() if hasattr(m, "fresh") else m for n, m in models.items() if n == reference or n in todo}
-        runs.append(measure_latency(models, reps=per, **options))
-        result = pooled(runs)
+
+    def more(wanted: Callable[[LatencyResult], bool]) -> None:
+        nonlocal result, models
+        while True:
+            todo = {n for n, r in result.items() if n != reference and r.speedup is not None and wanted(r)}
+            if not todo:
+                return
+            models = {n: m.fresh() if hasattr(m, "fresh") else m for n, m in models.items()
+                      if n == reference or n in todo}
+            runs.append(measure_latency(models, reps=per, **options))
+            result = pooled(runs)
+
+    more(lambda r: r.reps < reps and not r.pinned)
+    if max_reps is not None:
+        more(lambda r: not r.resolved and r.reps + per <= max_reps)
     return result
 
 
