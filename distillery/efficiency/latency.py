@@ -281,16 +281,18 @@ def time_sessions(models: Mapping[str, Any], *, reps: int = 20, sessions: int = 
                   max_reps: int | None = None, **options: Any) -> dict[str, LatencyResult]:
     """`measure_latency` of `models` in runs, every model that has a ``fresh()`` (an ONNX Runtime session,
     `distillery.efficiency.export.OnnxModel`) in a new session in each run, the runs `pooled`: first `sessions`
-    runs (one with no such model) that share `FIRST_ROUNDS` rounds (at least 3 each, at most ``reps``); then, while a model's speedup is not pinned down (`PRECISE`) and it has had fewer than ``reps`` rounds, one
-    more run of the reference and those models; then, with ``max_reps``, while a model's speedup is unresolved
-    (`LatencyResult.resolved`) and more rounds stay within ``max_reps``, likewise. Rounds narrow a median's interval,
-    not the rounds' spread; a figure already pinned down spends no more of the machine's time."""
+    runs (one with no such model) that share `FIRST_ROUNDS` rounds (or ``reps``, if fewer; at least 3 a run); then,
+    while a model's speedup is not pinned down (`LatencyResult.pinned`) and it has had fewer than ``reps`` rounds,
+    one more run of the reference and those models; then, with ``max_reps``, while a model's speedup is unresolved
+    (`LatencyResult.resolved`) and more rounds stay within ``max_reps``, likewise. Rounds narrow a median's
+    interval, not the rounds' spread; a figure already pinned down spends no more of the machine's time."""
     if sessions < 1:
         raise ValueError(f"sessions must be >= 1, got {sessions}")
     if not any(hasattr(m, "fresh") for m in models.values()):
         sessions = 1
     per = max(3, math.ceil(min(FIRST_ROUNDS, reps) / sessions))
     reference = options.get("reference") or next(iter(models))
+    models = dict(models)  # each model's latest session
     runs = []
     for s in range(sessions):
         if s:
@@ -299,14 +301,15 @@ def time_sessions(models: Mapping[str, Any], *, reps: int = 20, sessions: int = 
     result = pooled(runs)
 
     def more(wanted: Callable[[LatencyResult], bool]) -> None:
-        nonlocal result, models
+        nonlocal result
         while True:
             todo = {n for n, r in result.items() if n != reference and r.speedup is not None and wanted(r)}
             if not todo:
                 return
-            models = {n: m.fresh() if hasattr(m, "fresh") else m for n, m in models.items()
-                      if n == reference or n in todo}
-            runs.append(measure_latency(models, reps=per, **options))
+            for n in todo | {reference}:  # a new session where the model has one
+                models[n] = models[n].fresh() if hasattr(models[n], "fresh") else models[n]
+            runs.append(measure_latency({n: m for n, m in models.items() if n == reference or n in todo}, reps=per,
+                                        **options))
             result = pooled(runs)
 
     more(lambda r: r.reps < reps and not r.pinned)
